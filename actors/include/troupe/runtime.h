@@ -1,0 +1,96 @@
+// The blocking handle a program's main() holds: it owns the scheduler and all
+// actors, and its shutdown stops them in order.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <utility>
+
+#include "troupe/actor.h"
+#include "troupe/actor_ref.h"
+#include "troupe/detail/spawn.h"
+#include "troupe/exit_reason.h"
+#include "troupe/future.h"
+#include "troupe/status.h"
+#include "troupe/supervisor.h"
+
+namespace troupe {
+
+/// How a Runtime is set up. Every field has a working default.
+struct RuntimeConfig {
+  /// Scheduler threads; 0 means one per core.
+  size_t threads = 0;
+  /// Timeout of asks that pass kDefaultTimeout.
+  std::chrono::milliseconds default_ask_timeout{30'000};
+  /// Mailbox bound of actors whose spawn options give none.
+  size_t default_mailbox_bound = 1'000'000;
+  /// How long shutdown() waits for all actors before giving up (it then
+  /// reports which actors are stuck).
+  std::chrono::milliseconds shutdown_timeout{30'000};
+  /// spdlog level name: trace, debug, info, warn, error, off. Empty: the
+  /// TROUPE_LOG_LEVEL environment variable, else "info".
+  std::string log_level;
+  /// Called (on a scheduler thread; keep it short) with every crash report.
+  std::function<void(const CrashReport&)> on_crash_report;
+  /// Seed for restart-backoff jitter; 0 picks a random seed.
+  uint64_t seed = 0;
+};
+
+/// Owns an actor system. Create one per process (more work, but each is
+/// independent); destroying it shuts it down.
+class Runtime {
+ public:
+  explicit Runtime(RuntimeConfig config = {});
+  ~Runtime();
+  Runtime(const Runtime&) = delete;
+  Runtime& operator=(const Runtime&) = delete;
+
+  /// Starts an unsupervised actor of class A built from `args`. It lives
+  /// until it stops, crashes (there is no supervisor to restart it) or the
+  /// runtime shuts down. Returns an empty ref after shutdown began.
+  template <class A, class... Args>
+  ActorRef<A> spawn(Args&&... args) {
+    return ActorRef<A>(detail::spawn_in(impl_.get(), detail::make_spawn_spec<A>(
+                                                         SpawnOptions{}, std::forward<Args>(args)...)));
+  }
+
+  /// Like spawn(), with options (name, mailbox bound, snapshot period).
+  template <class A, class... Args>
+  ActorRef<A> spawn_with(SpawnOptions options, Args&&... args) {
+    return ActorRef<A>(detail::spawn_in(
+        impl_.get(), detail::make_spawn_spec<A>(std::move(options), std::forward<Args>(args)...)));
+  }
+
+  /// Starts a supervision tree and waits until all of its children have
+  /// started (in order), or returns why one could not start.
+  Result<SupervisorRef> start_supervisor(std::string name, SupervisorSpec spec,
+                                         std::chrono::milliseconds timeout = kDefaultTimeout);
+
+  /// A future that completes with the reason once `actor` has stopped for
+  /// good, or fails with timeout after `timeout`.
+  Future<ExitReason> monitor(const AnyRef& actor, std::chrono::milliseconds timeout = kDefaultTimeout);
+
+  /// Asks `actor` to stop: an unsupervised actor stops for good; a
+  /// supervised one exits with reason shutdown and its supervisor decides.
+  void stop(const AnyRef& actor);
+
+  /// Actors currently alive in this runtime.
+  size_t live_actors() const;
+
+  /// Stops every supervision tree (reverse start order, each stopping its
+  /// children in reverse order), then every other actor, then the
+  /// scheduler. Idempotent; the destructor calls it.
+  Status shutdown();
+
+  /// The configuration in force (threads resolved).
+  const RuntimeConfig& config() const;
+
+ private:
+  std::unique_ptr<detail::RuntimeImpl> impl_;
+};
+
+}  // namespace troupe

@@ -1,0 +1,243 @@
+#include <algorithm>
+#include <cstdlib>
+#include <string>
+#include <thread>
+
+#include "cell.h"
+#include "log.h"
+#include "runtime_impl.h"
+#include "troupe/log.h"
+#include "troupe/runtime.h"
+
+namespace troupe::detail {
+
+namespace {
+
+size_t resolve_threads(size_t threads) {
+  if (threads != 0) return threads;
+  unsigned hw = std::thread::hardware_concurrency();
+  return hw == 0 ? 2 : hw;
+}
+
+}  // namespace
+
+RuntimeImpl::RuntimeImpl(RuntimeConfig config) : config_(std::move(config)) {
+  config_.threads = resolve_threads(config_.threads);
+  std::string level = config_.log_level;
+  if (level.empty()) {
+    const char* env = std::getenv("TROUPE_LOG_LEVEL");
+    level = env ? env : "info";
+  }
+  if (!set_log_level(level)) {
+    TROUPE_LOG(warn, "event=bad_config key=log_level value=\"{}\" using=info hint=\"use trace, debug, info, "
+               "warn, error or off\"", level);
+    set_log_level("info");
+  }
+  caf_config_ = std::make_unique<caf::actor_system_config>();
+  caf_config_->set("scheduler.max-threads", static_cast<int64_t>(config_.threads));
+  // CAF's default moderate polling sleeps 50 us between attempts, which adds
+  // up to 50 us to a message that arrives while a worker winds down. Polling
+  // with short sleeps keeps wake-up latency low; idle workers still block on
+  // a condition variable after the polling phases.
+  caf_config_->set("work-stealing.moderate-sleep-duration", caf::timespan(std::chrono::microseconds(5)));
+  system_ = std::make_unique<caf::actor_system>(*caf_config_);
+  TROUPE_LOG(debug, "event=runtime_started threads={}", config_.threads);
+}
+
+RuntimeImpl::~RuntimeImpl() { (void)shutdown(); }
+
+CellPtr RuntimeImpl::spawn(SpawnSpec spec, Cell* parent, uint64_t start_seq, ReplyRef start_reply) {
+  if (shutting_down() && parent == nullptr) {
+    TROUPE_LOG(warn, "event=spawn_refused reason=shutting_down actor_type={}",
+               spec.actor_type_name ? spec.actor_type_name() : "?");
+    if (start_reply) {
+      start_reply->fail(Status(ErrorCode::shutting_down, "spawn: the runtime is shutting down"));
+    }
+    return {};
+  }
+  uint64_t id = next_id_.fetch_add(1, std::memory_order_relaxed);
+  std::string path;
+  if (parent) {
+    path = parent->path() + "/" + spec.name;
+  } else {
+    path = "/" + (spec.name.empty() ? "actor-" + std::to_string(id) : spec.name);
+  }
+  CellPtr parent_ptr = parent ? CellPtr(parent->control()) : CellPtr();
+  live_.fetch_add(1, std::memory_order_acq_rel);
+  caf::actor a = system_->spawn<Cell>(this, std::move(spec), std::move(parent_ptr), std::move(path), id,
+                                      start_seq, std::move(start_reply));
+  CellPtr cell(reinterpret_cast<CellControl*>(caf::actor_cast<caf::actor_control_block*>(a)));
+  if (parent == nullptr) {
+    std::lock_guard<std::mutex> lock(mu_);
+    // The cell may already have stopped (a failed start): then it is gone
+    // from the books and must not be re-added.
+    if (!cell_of(cell.get())->dead()) top_.emplace(id, cell);
+  }
+  return cell;
+}
+
+void RuntimeImpl::on_cell_exit(Cell* cell) {
+  CellPtr keep;  // released after unlocking: releasing may destroy the cell
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = top_.find(cell->id());
+    if (it != top_.end()) {
+      keep = std::move(it->second);
+      top_.erase(it);
+    }
+    live_.fetch_sub(1, std::memory_order_acq_rel);
+  }
+  cv_.notify_all();
+}
+
+void RuntimeImpl::report_crash(const CrashReport& report) {
+  TROUPE_LOG(err, "event=crash_report {}", report.to_string());
+  if (config_.on_crash_report) {
+    try {
+      config_.on_crash_report(report);
+    } catch (const std::exception& e) {
+      TROUPE_LOG(warn, "event=crash_hook_failed error=\"{}\"", e.what());
+    }
+  }
+}
+
+template <class Pred>
+bool RuntimeImpl::wait_until(std::chrono::steady_clock::time_point deadline, Pred pred) {
+  std::unique_lock<std::mutex> lock(mu_);
+  return cv_.wait_until(lock, deadline, pred);
+}
+
+Result<SupervisorRef> RuntimeImpl::start_supervisor(std::string name, SupervisorSpec spec,
+                                                    std::chrono::milliseconds timeout) {
+  if (Status s = validate_spec(spec); !s.ok()) return error(s);
+  if (name.empty()) return error(ErrorCode::invalid_argument, "start_supervisor: the name is empty; give the tree a name");
+  if (timeout.count() < 0) timeout = config_.default_ask_timeout;
+  auto* state = new FutureState<void>();
+  ReplyRef reply(state);
+  ReplyRef mine = reply;
+  CellPtr cell = spawn(supervisor_spawn_spec(std::move(name), std::move(spec)), nullptr, 0, std::move(reply));
+  if (!cell) return error(ErrorCode::shutting_down, "start_supervisor: the runtime is shutting down");
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    roots_.push_back(cell_of(cell.get())->id());
+  }
+  Future<void> started(std::move(mine), timeout);
+  Result<void> r = started.get();
+  if (!r) return error(r.error());
+  return SupervisorRef(AnyRef(std::move(cell)));
+}
+
+Future<ExitReason> RuntimeImpl::monitor(const AnyRef& actor, std::chrono::milliseconds timeout) {
+  if (timeout.count() < 0) timeout = config_.default_ask_timeout;
+  auto* state = new FutureState<ExitReason>();
+  ReplyRef reply(state);
+  ReplyRef mine = reply;
+  if (!actor) {
+    reply->fail(Status(ErrorCode::invalid_argument, "monitor: empty reference"));
+  } else {
+    cell_of(actor.cell())->attach_functor([reply](const caf::error& e) {
+      static_cast<FutureState<ExitReason>*>(reply.get())->complete(decode_reason(e));
+    });
+  }
+  return Future<ExitReason>(std::move(mine), timeout);
+}
+
+Status RuntimeImpl::shutdown() {
+  std::lock_guard<std::mutex> serial(shutdown_mu_);
+  if (shutdown_status_) return *shutdown_status_;
+  shutting_down_.store(true, std::memory_order_release);
+  auto deadline = std::chrono::steady_clock::now() + config_.shutdown_timeout;
+
+  // Supervision trees first, newest first; each stops its children in
+  // reverse start order before it goes.
+  std::vector<uint64_t> roots;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    roots = roots_;
+  }
+  for (auto it = roots.rbegin(); it != roots.rend(); ++it) {
+    CellPtr cell;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto found = top_.find(*it);
+      if (found == top_.end()) continue;
+      cell = found->second;
+    }
+    send_command(cell.get(), Command{Command::Kind::exit});
+    uint64_t id = *it;
+    wait_until(deadline, [&] { return top_.count(id) == 0; });
+  }
+
+  // Then every other actor, newest first.
+  std::vector<std::pair<uint64_t, CellPtr>> rest;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    rest.assign(top_.begin(), top_.end());
+  }
+  std::sort(rest.begin(), rest.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  for (auto& [id, cell] : rest) send_command(cell.get(), Command{Command::Kind::exit});
+  rest.clear();
+
+  bool all_stopped = wait_until(deadline, [&] { return live_.load() == 0; });
+  if (!all_stopped) {
+    std::string stuck;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      int shown = 0;
+      for (auto& [id, cell] : top_) {
+        if (shown++ == 10) {
+          stuck += " ...";
+          break;
+        }
+        stuck += " " + cell_of(cell.get())->path();
+      }
+    }
+    Status s(ErrorCode::timeout, "shutdown: " + std::to_string(live_.load()) + " actors did not stop within " +
+                                     std::to_string(config_.shutdown_timeout.count()) +
+                                     " ms (a handler that never returns cannot be preempted); stuck:" + stuck);
+    TROUPE_LOG(err, "event=shutdown_timeout {}", s.message());
+    // Destroying the actor system would wait for the stuck handlers forever;
+    // leaving it allocated lets the process exit instead of hanging.
+    (void)system_.release();
+    (void)caf_config_.release();
+    shutdown_status_ = s;
+    return s;
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    top_.clear();
+  }
+  system_.reset();
+  caf_config_.reset();
+  TROUPE_LOG(debug, "event=runtime_stopped");
+  shutdown_status_ = Status();
+  return Status();
+}
+
+CellPtr spawn_in(RuntimeImpl* rt, SpawnSpec spec) { return rt->spawn(std::move(spec), nullptr, 0, {}); }
+
+}  // namespace troupe::detail
+
+namespace troupe {
+
+Runtime::Runtime(RuntimeConfig config) : impl_(std::make_unique<detail::RuntimeImpl>(std::move(config))) {}
+Runtime::~Runtime() = default;
+
+Result<SupervisorRef> Runtime::start_supervisor(std::string name, SupervisorSpec spec,
+                                                std::chrono::milliseconds timeout) {
+  return impl_->start_supervisor(std::move(name), std::move(spec), timeout);
+}
+
+Future<ExitReason> Runtime::monitor(const AnyRef& actor, std::chrono::milliseconds timeout) {
+  return impl_->monitor(actor, timeout);
+}
+
+void Runtime::stop(const AnyRef& actor) {
+  if (actor) detail::send_command(actor.cell(), detail::Command{detail::Command::Kind::exit});
+}
+
+size_t Runtime::live_actors() const { return impl_->live(); }
+Status Runtime::shutdown() { return impl_->shutdown(); }
+const RuntimeConfig& Runtime::config() const { return impl_->config(); }
+
+}  // namespace troupe
