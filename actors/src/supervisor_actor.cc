@@ -175,12 +175,14 @@ void SupervisorActor::arm_shutdown_timer(const Child& c, uint64_t seq) {
     if (awaiting_.child != key || awaiting_.seq != seq) return;
     Child* child = find(key);
     if (child) {
-      // A handler cannot be preempted: the child is abandoned (it gets no
-      // more work from us) and its cell finishes the stop when it can.
+      // A handler cannot be preempted, so the stuck cell is abandoned (OTP
+      // kills the process): it terminates as soon as its handler returns,
+      // and a restart uses a fresh cell instead of queueing behind it.
       TROUPE_LOG(warn, "event=shutdown_timeout supervisor={} child={} budget_ms={} action=abandoned",
                  cell_->path(), child->spec.name, budget.count());
+      send_command(child->cell.get(), Command{Command::Kind::terminate, CellPtr(cell_->control())});
       child->running = false;
-      if (awaiting_.kind == Step::Kind::terminate) child->cell = CellPtr();
+      child->cell = CellPtr();
     }
     awaiting_ = {};
     advance();

@@ -26,7 +26,7 @@ struct ExitReason {
 
   Kind kind = Kind::normal;
   /// Details, e.g. the exception's message.
-  std::string message;
+  std::string message{};
 
   /// True for crashes (failed, killed).
   bool abnormal() const { return kind == Kind::failed || kind == Kind::killed; }

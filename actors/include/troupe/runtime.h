@@ -33,9 +33,9 @@ struct RuntimeConfig {
   std::chrono::milliseconds shutdown_timeout{30'000};
   /// spdlog level name: trace, debug, info, warn, error, off. Empty: the
   /// TROUPE_LOG_LEVEL environment variable, else "info".
-  std::string log_level;
+  std::string log_level{};
   /// Called (on a scheduler thread; keep it short) with every crash report.
-  std::function<void(const CrashReport&)> on_crash_report;
+  std::function<void(const CrashReport&)> on_crash_report{};
   /// Seed for restart-backoff jitter; 0 picks a random seed.
   uint64_t seed = 0;
 };

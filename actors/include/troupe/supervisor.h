@@ -70,15 +70,15 @@ struct Backoff {
 /// One child of a supervisor: what to start and how to treat its exits.
 struct ChildSpec {
   /// Unique among the supervisor's children; the last segment of its path.
-  std::string name;
+  std::string name{};
   Restart restart = Restart::permanent;
   /// Graceful stop budget before the child is abandoned (see docs):
   /// kDefaultShutdown, kInfinity or a number of milliseconds.
   std::chrono::milliseconds shutdown = kDefaultShutdown;
   /// Delay restarts with exponential backoff; none restarts at once.
-  std::optional<Backoff> backoff;
+  std::optional<Backoff> backoff{};
   /// Internal: how to create instances.
-  detail::SpawnSpec spawn;
+  detail::SpawnSpec spawn{};
 
   ChildSpec& with_restart(Restart r) {
     restart = r;
@@ -103,7 +103,7 @@ struct SupervisorSpec {
   uint32_t intensity = 1;
   std::chrono::milliseconds period{5000};
   /// Started in order, stopped in reverse order.
-  std::vector<ChildSpec> children;
+  std::vector<ChildSpec> children{};
 };
 
 /// A worker child of actor class A, built from `args` on every (re)start.

@@ -18,7 +18,7 @@ class ActorBase;
 /// Options for spawning an actor.
 struct SpawnOptions {
   /// Last path segment; empty gives "actor-<id>".
-  std::string name;
+  std::string name{};
   /// Most messages its mailbox holds before tell/ask fail with mailbox_full
   /// (0: the runtime's default).
   size_t mailbox_bound = 0;
