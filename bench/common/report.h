@@ -1,0 +1,50 @@
+// Benchmark output: one JSON object per line (see STYLE.md), and the small
+// statistics every benchmark needs. Header-only so each bench stays one file.
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+namespace troupe::bench {
+
+/// Prints one result line. `ratio` is value / baseline_value.
+inline void emit(const std::string& bench, const std::string& metric, double value, const std::string& unit,
+                 const std::string& baseline, double baseline_value, const std::string& target) {
+  double ratio = baseline_value != 0 ? value / baseline_value : 0;
+  std::printf(
+      "{\"bench\": \"%s\", \"metric\": \"%s\", \"value\": %.6g, \"unit\": \"%s\", \"baseline\": \"%s\", "
+      "\"baseline_value\": %.6g, \"ratio\": %.4g, \"target\": \"%s\"}\n",
+      bench.c_str(), metric.c_str(), value, unit.c_str(), baseline.c_str(), baseline_value, ratio, target.c_str());
+  std::fflush(stdout);
+}
+
+/// The q-quantile (0..1) of `samples` (sorted in place).
+inline double quantile(std::vector<double>& samples, double q) {
+  if (samples.empty()) return 0;
+  std::sort(samples.begin(), samples.end());
+  size_t i = static_cast<size_t>(q * static_cast<double>(samples.size() - 1) + 0.5);
+  return samples[std::min(i, samples.size() - 1)];
+}
+
+/// True when the program was started with --quick (a short smoke run).
+inline bool quick(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--quick") == 0) return true;
+  }
+  return false;
+}
+
+inline double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+inline double us_between(std::chrono::steady_clock::time_point a, std::chrono::steady_clock::time_point b) {
+  return std::chrono::duration<double, std::micro>(b - a).count();
+}
+
+}  // namespace troupe::bench
