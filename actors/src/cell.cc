@@ -272,6 +272,7 @@ void Cell::start_incarnation(uint64_t seq) {
     reason = "constructor or restore() threw a non-std::exception";
   }
   auto done = [this, seq, first, inc = incarnation_](Status s) {
+    // A stale copy (kept in start_done_) finds the state moved on and does nothing.
     if (inc != incarnation_ || state_ != State::starting) return;
     if (s.ok()) {
       state_ = State::running;
@@ -300,6 +301,7 @@ void Cell::start_incarnation(uint64_t seq) {
     done(Status(ErrorCode::start_failed, reason));
     return;
   }
+  start_done_ = done;
   try {
     instance_->start_async_(done);
   } catch (const FailSignal& s) {
@@ -345,11 +347,15 @@ void Cell::finish_incarnation(const ExitReason& reason) {
 }
 
 void Cell::crash(ExitReason reason) {
-  if (state_ != State::running && state_ != State::starting) return;
   if (state_ == State::starting) {
-    // A supervisor giving up during its own start: fail the start instead.
-    state_ = State::running;
+    // Only asynchronous starts (supervisors) can crash here: the start
+    // fails, which is what the parent is waiting to hear.
+    auto done = std::move(start_done_);
+    start_done_ = nullptr;
+    if (done) done(Status(ErrorCode::start_failed, reason.to_string()));
+    return;
   }
+  if (state_ != State::running) return;
   end_incarnation(reason, [this, reason] { report_exit(reason); });
 }
 

@@ -170,6 +170,7 @@ class Cell final : public caf::event_based_actor {
   bool started_once_ = false;
   uint64_t first_start_seq_;
   ReplyRef start_reply_;  // completed by the first start (root supervisors)
+  std::function<void(Status)> start_done_;  // completes the start in progress
   std::optional<std::string> snapshot_;
   uint32_t since_snapshot_ = 0;
   bool stop_requested_ = false;

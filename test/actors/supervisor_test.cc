@@ -482,3 +482,49 @@ TEST_CASE("Runtime::stop on a supervised child is an exit its supervisor handles
   CHECK(kids[0].running);
   CHECK_FALSE(kids[1].running);
 }
+
+namespace {
+// Comes back poisoned after its first crash: every restart then fails in on_start.
+struct Poison {};
+class Fragile : public troupe::Actor<Fragile, Poison, Total> {
+ public:
+  explicit Fragile(JournalPtr j) : j_(std::move(j)) {}
+  void on_start() override {
+    j_->add("start fragile");
+    if (poisoned_) throw std::runtime_error("poisoned state");
+  }
+  void handle(const Poison&) {
+    poisoned_ = true;
+    checkpoint();
+    throw std::runtime_error("took poison");
+  }
+  int handle(const Total&) { return 0; }
+  std::optional<std::string> snapshot() override { return poisoned_ ? "poisoned" : "fine"; }
+  void restore(std::string_view s) override { poisoned_ = s == "poisoned"; }
+
+ private:
+  JournalPtr j_;
+  bool poisoned_ = false;
+};
+}  // namespace
+
+TEST_CASE("a restart that fails in on_start is retried, counted, and escalates past the intensity", "[supervisor]") {
+  auto j = std::make_shared<Journal>();
+  auto reports = std::make_shared<Journal>();
+  troupe::Runtime rt(config_with_reports(reports));
+  auto sup = rt.start_supervisor("s", {.intensity = 3, .period = 10s,
+                                       .children = {troupe::worker<Fragile>("f", j)}});
+  REQUIRE(sup.has_value());
+  auto down = rt.monitor(sup->ref());
+  auto f = sup->child<Fragile>("f").value();
+  REQUIRE(f.tell(Poison{}).ok());
+  auto reason = down.get();
+  REQUIRE(reason.has_value());
+  CHECK_THAT(reason->message, Catch::Contains("max restart intensity"));
+  // First start, then three restarts that each fail in on_start.
+  CHECK(j->count("start fragile") == 4);
+  auto lines = reports->lines();
+  REQUIRE(lines.size() == 5);
+  CHECK(lines[3] == "/s/f escalate");
+  CHECK(lines[4] == "/s terminate");
+}
