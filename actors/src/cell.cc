@@ -29,6 +29,16 @@ struct FailSignal {
   std::string reason;
 };
 
+/// Removes and returns the callback stored under `id`, if any.
+template <class Map>
+std::optional<typename Map::mapped_type> take(Map& map, uint64_t id) {
+  auto it = map.find(id);
+  if (it == map.end()) return std::nullopt;
+  auto fn = std::move(it->second);
+  map.erase(it);
+  return fn;
+}
+
 bool contains(const std::vector<CellPtr>& v, CellControl* c) {
   return std::any_of(v.begin(), v.end(), [c](const CellPtr& p) { return p.get() == c; });
 }
@@ -492,25 +502,17 @@ void Cell::on_command(Command& cmd) {
       guarded([&] { instance_->on_link_exit(ex); }, "on_link_exit");
       return;
     }
-    case K::down: {
+    case K::down:
       if (cmd.incarnation != incarnation_) return;
-      auto it = monitors_.find(cmd.id);
-      if (it == monitors_.end()) return;
-      auto fn = std::move(it->second);
-      monitors_.erase(it);
-      Down d{AnyRef(cmd.from), cmd.reason};
-      guarded([&] { fn(d); }, "monitor callback");
+      if (auto fn = take(monitors_, cmd.id)) {
+        Down d{AnyRef(cmd.from), cmd.reason};
+        guarded([&] { (*fn)(d); }, "monitor callback");
+      }
       return;
-    }
-    case K::timer: {
+    case K::timer:
       if (cmd.incarnation != incarnation_) return;
-      auto it = timers_.find(cmd.id);
-      if (it == timers_.end()) return;
-      auto fn = std::move(it->second);
-      timers_.erase(it);
-      guarded([&] { fn(); }, "timer callback");
+      if (auto fn = take(timers_, cmd.id)) guarded([&] { (*fn)(); }, "timer callback");
       return;
-    }
     case K::ask_tick:
       on_ask_tick(cmd.id);
       return;

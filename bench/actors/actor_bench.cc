@@ -10,6 +10,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <functional>
 #include <future>
 #include <memory>
 #include <stdexcept>
@@ -47,6 +48,60 @@ troupe::RuntimeConfig troupe_config() {
 
 double median(std::vector<double> v) { return quantile(v, 0.5); }
 
+/// `n` timed iterations run one after another by an actor: next() starts an
+/// iteration with `fire` (or finishes), record() closes the current one.
+class SampleLoop {
+ public:
+  using Finish = std::function<void(std::vector<double>)>;
+  void reset(int n, Finish finish) {
+    left_ = n;
+    finish_ = std::move(finish);
+    samples_.clear();
+    samples_.reserve(n);
+  }
+  template <class Fire>
+  void next(Fire&& fire) {
+    if (left_-- == 0) {
+      finish_(std::move(samples_));
+      return;
+    }
+    t0_ = Clock::now();
+    fire();
+  }
+  void record() { samples_.push_back(us_between(t0_, Clock::now())); }
+
+ private:
+  int left_ = 0;
+  Finish finish_;
+  std::vector<double> samples_;
+  Clock::time_point t0_;
+};
+
+/// Asks a troupe sampler to run `n` timed iterations against `to`.
+template <class Target>
+struct RunSamples {
+  troupe::ActorRef<Target> to;
+  int n;
+};
+
+/// A troupe actor that runs a SampleLoop against one target and answers
+/// with the samples. Self::next() starts one iteration.
+template <class Self, class Target>
+class Sampler : public troupe::Actor<Self, RunSamples<Target>> {
+ public:
+  troupe::Deferred<std::vector<double>> handle(const RunSamples<Target>& r) {
+    auto reply = this->template defer<std::vector<double>>();
+    to_ = r.to;
+    loop_.reset(r.n, [reply](std::vector<double> s) mutable { reply.complete(std::move(s)); });
+    static_cast<Self*>(this)->next();
+    return reply;
+  }
+
+ protected:
+  troupe::ActorRef<Target> to_;
+  SampleLoop loop_;
+};
+
 using get_atom = caf::atom_constant<caf::atom("get")>;
 using crash_atom = caf::atom_constant<caf::atom("crash")>;
 
@@ -57,35 +112,40 @@ struct LatencyResult {
   double p50_us, p99_us;
 };
 
-class RawPinger : public caf::event_based_actor {
+/// A raw CAF actor that runs a SampleLoop and hands the samples to `out`.
+class RawSampler : public caf::event_based_actor {
  public:
-  RawPinger(caf::actor_config& cfg, caf::actor to, int n, std::promise<std::vector<double>>* out)
-      : caf::event_based_actor(cfg), to_(std::move(to)), left_(n), out_(out) {
-    samples_.reserve(n);
+  RawSampler(caf::actor_config& cfg, int n, std::promise<std::vector<double>>* out) : caf::event_based_actor(cfg) {
+    loop_.reset(n, [this, out](std::vector<double> s) {
+      out->set_value(std::move(s));
+      quit();
+    });
   }
   caf::behavior make_behavior() override {
     next();
     return {[](int) {}};
   }
 
+ protected:
+  virtual void next() = 0;
+  SampleLoop loop_;
+};
+
+class RawPinger : public RawSampler {
+ public:
+  RawPinger(caf::actor_config& cfg, caf::actor to, int n, std::promise<std::vector<double>>* out)
+      : RawSampler(cfg, n, out), to_(std::move(to)) {}
+
  private:
-  void next() {
-    if (left_-- == 0) {
-      out_->set_value(std::move(samples_));
-      quit();
-      return;
-    }
-    t0_ = Clock::now();
-    request(to_, caf::infinite, 1).then([this](int) {
-      samples_.push_back(us_between(t0_, Clock::now()));
-      next();
+  void next() override {
+    loop_.next([this] {
+      request(to_, caf::infinite, 1).then([this](int) {
+        loop_.record();
+        next();
+      });
     });
   }
   caf::actor to_;
-  int left_;
-  std::promise<std::vector<double>>* out_;
-  std::vector<double> samples_;
-  Clock::time_point t0_;
 };
 
 LatencyResult raw_ask_rtt(int n) {
@@ -108,45 +168,23 @@ class Ponger : public troupe::Actor<Ponger, Ping> {
  public:
   int handle(const Ping& p) { return p.n; }
 };
-struct RunPings {
-  troupe::ActorRef<Ponger> to;
-  int n;
-};
-class Pinger : public troupe::Actor<Pinger, RunPings> {
+class Pinger : public Sampler<Pinger, Ponger> {
  public:
-  troupe::Deferred<std::vector<double>> handle(const RunPings& r) {
-    reply_ = defer<std::vector<double>>();
-    to_ = r.to;
-    left_ = r.n;
-    samples_.reserve(r.n);
-    next();
-    return reply_;
-  }
-
- private:
   void next() {
-    if (left_-- == 0) {
-      reply_.complete(std::move(samples_));
-      return;
-    }
-    t0_ = Clock::now();
-    ask(to_, Ping{1}).then([this](troupe::Result<int>) {
-      samples_.push_back(us_between(t0_, Clock::now()));
-      next();
+    loop_.next([this] {
+      ask(to_, Ping{1}).then([this](troupe::Result<int>) {
+        loop_.record();
+        next();
+      });
     });
   }
-  troupe::Deferred<std::vector<double>> reply_;
-  troupe::ActorRef<Ponger> to_;
-  int left_ = 0;
-  std::vector<double> samples_;
-  Clock::time_point t0_;
 };
 
 LatencyResult troupe_ask_rtt(int n) {
   troupe::Runtime rt(troupe_config());
   auto ponger = rt.spawn<Ponger>();
   auto pinger = rt.spawn<Pinger>();
-  auto samples = pinger.ask(RunPings{ponger, n}, 600s).get().value();
+  auto samples = pinger.ask(RunSamples<Ponger>{ponger, n}, 600s).get().value();
   return {quantile(samples, 0.5), quantile(samples, 0.99)};
 }
 
@@ -328,39 +366,18 @@ class Worker : public troupe::Actor<Worker, Crash, Get> {
   void handle(const Crash&) { throw std::runtime_error("benchmark crash"); }
   int handle(const Get&) { return 7; }
 };
-struct RunCrashes {
-  troupe::ActorRef<Worker> to;
-  int n;
-};
-class Crasher : public troupe::Actor<Crasher, RunCrashes> {
+class Crasher : public Sampler<Crasher, Worker> {
  public:
-  troupe::Deferred<std::vector<double>> handle(const RunCrashes& r) {
-    reply_ = defer<std::vector<double>>();
-    to_ = r.to;
-    left_ = r.n;
-    next();
-    return reply_;
-  }
-
- private:
   void next() {
-    if (left_-- == 0) {
-      reply_.complete(std::move(samples_));
-      return;
-    }
-    t0_ = Clock::now();
-    (void)to_.tell(Crash{});
-    ask(to_, Get{}).then([this](troupe::Result<int> r) {
-      if (!r) throw std::runtime_error("restart benchmark: ask failed: " + r.error().to_string());
-      samples_.push_back(us_between(t0_, Clock::now()));
-      next();
+    loop_.next([this] {
+      (void)to_.tell(Crash{});
+      ask(to_, Get{}).then([this](troupe::Result<int> r) {
+        if (!r) throw std::runtime_error("restart benchmark: ask failed: " + r.error().to_string());
+        loop_.record();
+        next();
+      });
     });
   }
-  troupe::Deferred<std::vector<double>> reply_;
-  troupe::ActorRef<Worker> to_;
-  int left_ = 0;
-  std::vector<double> samples_;
-  Clock::time_point t0_;
 };
 
 LatencyResult troupe_restart(int n) {
@@ -369,7 +386,7 @@ LatencyResult troupe_restart(int n) {
       "bench", {.intensity = 1'000'000'000, .period = 1000ms, .children = {troupe::worker<Worker>("w")}});
   auto w = sup.value().child<Worker>("w").value();
   auto crasher = rt.spawn<Crasher>();
-  auto samples = crasher.ask(RunCrashes{w, n}, 600s).get().value();
+  auto samples = crasher.ask(RunSamples<Worker>{w, n}, 600s).get().value();
   return {quantile(samples, 0.5), quantile(samples, 0.99)};
 }
 
@@ -410,39 +427,28 @@ class RawManager : public caf::event_based_actor {
   std::vector<caf::response_promise> pending_;
 };
 
-class RawCrasher : public caf::event_based_actor {
+class RawCrasher : public RawSampler {
  public:
   RawCrasher(caf::actor_config& cfg, caf::actor mgr, int n, std::promise<std::vector<double>>* out)
-      : caf::event_based_actor(cfg), mgr_(std::move(mgr)), left_(n), out_(out) {}
-  caf::behavior make_behavior() override {
-    next();
-    return {[](int) {}};
-  }
+      : RawSampler(cfg, n, out), mgr_(std::move(mgr)) {}
 
  private:
-  void next() {
-    if (left_-- == 0) {
-      out_->set_value(std::move(samples_));
-      quit();
-      return;
-    }
-    t0_ = Clock::now();
-    send(mgr_, crash_atom::value);
-    get();
+  void next() override {
+    loop_.next([this] {
+      send(mgr_, crash_atom::value);
+      get();
+    });
   }
   void get() {
     request(mgr_, caf::infinite, get_atom::value)
-        .then([this](int) {
-          samples_.push_back(us_between(t0_, Clock::now()));
-          next();
-        },
-              [this](caf::error&) { get(); });
+        .then(
+            [this](int) {
+              loop_.record();
+              next();
+            },
+            [this](caf::error&) { get(); });
   }
   caf::actor mgr_;
-  int left_;
-  std::promise<std::vector<double>>* out_;
-  std::vector<double> samples_;
-  Clock::time_point t0_;
 };
 
 LatencyResult raw_restart(int n) {
