@@ -144,7 +144,7 @@ Cell::Cell(caf::actor_config& cfg, RuntimeImpl* rt, SpawnSpec spec, CellPtr pare
       id_(id),
       bound_(spec_.mailbox_bound ? spec_.mailbox_bound : rt->config().default_mailbox_bound),
       // Large bounds tolerate a little slack; small ones are exact.
-      dequeue_batch_(bound_ >= 4096 ? 64 : 1),
+      dequeue_mask_(bound_ >= 4096 ? 63 : 0),
       first_start_seq_(start_seq),
       start_reply_(std::move(start_reply)) {}
 
@@ -223,7 +223,7 @@ void Cell::on_envelope(Envelope& env) {
 }
 
 void Cell::deliver(Envelope& env) {
-  if (++dequeued_local_ % dequeue_batch_ == 0) dequeued_.store(dequeued_local_, std::memory_order_relaxed);
+  if ((++dequeued_local_ & dequeue_mask_) == 0) dequeued_.store(dequeued_local_, std::memory_order_relaxed);
   InvokeFn fn = env.invoke ? env.invoke : instance_->dispatch_table_().find(env.box.key());
   if (fn == nullptr) {
     const auto& table = instance_->dispatch_table_();

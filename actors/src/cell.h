@@ -91,7 +91,7 @@ class Cell final : public caf::event_based_actor {
   /// Reserves a mailbox slot for a user message; false when at the bound.
   /// Senders only touch enqueued_ and read dequeued_, which the cell
   /// publishes in batches: the bound may be exceeded by at most one batch
-  /// (see dequeue_batch_), and the hot path has no per-message cache-line
+  /// (see dequeue_mask_), and the hot path has no per-message cache-line
   /// ping-pong between sender and receiver.
   bool admit() {
     int64_t in = enqueued_.fetch_add(1, std::memory_order_relaxed);
@@ -156,7 +156,7 @@ class Cell final : public caf::event_based_actor {
   std::string path_;
   uint64_t id_;
   size_t bound_;
-  int64_t dequeue_batch_;        // how many dequeues to publish at once
+  int64_t dequeue_mask_;         // publish dequeues every (mask + 1): 64 or 1
   int64_t dequeued_local_ = 0;   // actor thread only
   alignas(64) std::atomic<int64_t> enqueued_{0};
   alignas(64) std::atomic<int64_t> dequeued_{0};

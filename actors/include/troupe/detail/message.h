@@ -8,7 +8,9 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <new>
+#include <typeinfo>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -49,6 +51,10 @@ struct BoxOps {
   const std::string& (*name)();
   void (*destroy)(void* obj, bool inline_stored) noexcept;
   void (*move_inline)(void* dst, void* src) noexcept;  // only for inline types
+  /// Inline and trivially copyable: moved by memcpy, destroyed by nothing.
+  /// Most messages are small plain structs, and this keeps indirect calls
+  /// off the per-message path.
+  bool trivial;
 };
 
 inline constexpr size_t kInlineMessageBytes = 48;
@@ -76,6 +82,7 @@ const BoxOps* box_ops() {
           static_cast<T*>(src)->~T();
         }
       },
+      kStoredInline<T> && std::is_trivially_copyable_v<T>,
   };
   return &ops;
 }
@@ -124,7 +131,7 @@ class MessageBox {
 
   void reset() noexcept {
     if (ops_) {
-      ops_->destroy(heap_ ? heap_ : static_cast<void*>(buf_), heap_ == nullptr);
+      if (!ops_->trivial) ops_->destroy(heap_ ? heap_ : static_cast<void*>(buf_), heap_ == nullptr);
       ops_ = nullptr;
       heap_ = nullptr;
     }
@@ -134,7 +141,13 @@ class MessageBox {
   void take(MessageBox& other) noexcept {
     ops_ = other.ops_;
     heap_ = other.heap_;
-    if (ops_ && !heap_) ops_->move_inline(buf_, other.buf_);
+    if (ops_ && !heap_) {
+      if (ops_->trivial) {
+        std::memcpy(buf_, other.buf_, kInlineMessageBytes);
+      } else {
+        ops_->move_inline(buf_, other.buf_);
+      }
+    }
     other.ops_ = nullptr;
     other.heap_ = nullptr;
   }
