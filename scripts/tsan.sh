@@ -17,7 +17,10 @@ if [[ ! -f $caf/lib/libcaf_core.so ]]; then
     > "$work/src.list"
   opts=(-o "Dir::Etc::SourceList=$work/src.list" -o "Dir::Etc::SourceParts=-" -o "Dir::State::Lists=$work/lists")
   apt-get "${opts[@]}" update -q
-  (cd "$work" && apt-get "${opts[@]}" source --download-only actor-framework=0.17.6-2.1)
+  # Only the upstream tarball is needed (Debian's patches are packaging); the
+  # archive may no longer serve every file of the source package.
+  (cd "$work" && apt-get "${opts[@]}" source --download-only actor-framework=0.17.6-2.1) || true
+  [[ -f $work/actor-framework_0.17.6.orig.tar.gz ]] || { echo "tsan: could not fetch CAF 0.17.6 sources" >&2; exit 1; }
   tar -C "$work" -xzf "$work"/actor-framework_0.17.6.orig.tar.gz
   cmake -S "$work/actor-framework-0.17.6" -B "$caf" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
     -DCMAKE_CXX_FLAGS="-fsanitize=thread -fno-omit-frame-pointer -w" \

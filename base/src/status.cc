@@ -31,6 +31,13 @@ Status::Status(ErrorCode code, std::string message) : code_(code), message_(std:
   }
 }
 
+namespace detail {
+void bad_result_access(const Status& status) {
+  std::fprintf(stderr, "troupe: value() of a Result that holds an error: %s\n", status.to_string().c_str());
+  std::abort();
+}
+}  // namespace detail
+
 std::string Status::to_string() const {
   if (ok()) return "ok";
   std::string s(error_code_name(code_));

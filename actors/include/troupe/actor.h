@@ -95,7 +95,7 @@ class ActorReply final : public ReplyTo<R>, public PendingAsk {
     post_reply(asker_.get(), this);
   }
   void run_reply() override { fn_(std::move(*value_)); }
-  void run_error(Status status) override { fn_(Result<R>(std::unexpected<Status>(std::move(status)))); }
+  void run_error(Status status) override { fn_(Result<R>(Unexpected{std::move(status)})); }
   ReplyBase* reply_base() override { return this; }
 
  private:

@@ -2,10 +2,11 @@
 #pragma once
 
 #include <cstdint>
-#include <expected>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <utility>
+#include <variant>
 
 namespace troupe {
 
@@ -66,19 +67,102 @@ class Status {
   std::string message_;
 };
 
-/// A value or the Status that explains why there is none.
-template <class T>
-using Result = std::expected<T, Status>;
+/// The error side of a Result, as built by error(). Converts to any Result<T>.
+struct Unexpected {
+  Status status;
+};
 
 /// Builds the error side of a Result: `return error(ErrorCode::timeout, "...")`.
-inline std::unexpected<Status> error(ErrorCode code, std::string message) {
-  return std::unexpected<Status>(Status(code, std::move(message)));
-}
+inline Unexpected error(ErrorCode code, std::string message) { return {Status(code, std::move(message))}; }
 
 /// Builds the error side of a Result from an existing Status (must not be ok).
-inline std::unexpected<Status> error(Status status) {
-  return std::unexpected<Status>(std::move(status));
+inline Unexpected error(Status status) { return {std::move(status)}; }
+
+namespace detail {
+[[noreturn]] void bad_result_access(const Status& status);
 }
+
+/// A value, or the Status that explains why there is none. (troupe's own
+/// type rather than std::expected, which libstdc++ 12 does not offer to
+/// clang; the interface is the same subset.)
+template <class T>
+class [[nodiscard]] Result {
+ public:
+  using value_type = T;
+
+  Result(const T& value) : v_(std::in_place_index<0>, value) {}
+  Result(T&& value) : v_(std::in_place_index<0>, std::move(value)) {}
+  template <class U>
+    requires(std::is_constructible_v<T, U &&> && !std::is_same_v<std::remove_cvref_t<U>, Result> &&
+             !std::is_same_v<std::remove_cvref_t<U>, Unexpected> && !std::is_same_v<std::remove_cvref_t<U>, T>)
+  Result(U&& value) : v_(std::in_place_index<0>, std::forward<U>(value)) {}
+  Result(Unexpected e) : v_(std::in_place_index<1>, std::move(e.status)) {}
+
+  /// True when there is a value.
+  bool has_value() const { return v_.index() == 0; }
+  explicit operator bool() const { return has_value(); }
+
+  /// The value; a Result holding an error aborts with its message.
+  T& value() & {
+    check();
+    return std::get<0>(v_);
+  }
+  const T& value() const& {
+    check();
+    return std::get<0>(v_);
+  }
+  T&& value() && {
+    check();
+    return std::get<0>(std::move(v_));
+  }
+  T& operator*() & { return value(); }
+  const T& operator*() const& { return value(); }
+  T&& operator*() && { return std::move(*this).value(); }
+  T* operator->() { return &value(); }
+  const T* operator->() const { return &value(); }
+
+  /// The value, or `fallback` when there is an error.
+  template <class U>
+  T value_or(U&& fallback) const& {
+    return has_value() ? std::get<0>(v_) : static_cast<T>(std::forward<U>(fallback));
+  }
+
+  /// The error. REQUIRES: !has_value().
+  const Status& error() const& { return std::get<1>(v_); }
+  Status& error() & { return std::get<1>(v_); }
+
+  /// A Result equals a value when it holds that value.
+  friend bool operator==(const Result& r, const T& v) { return r.has_value() && *r == v; }
+
+ private:
+  void check() const {
+    if (!has_value()) detail::bad_result_access(std::get<1>(v_));
+  }
+  std::variant<T, Status> v_;
+};
+
+/// A Result with no value: ok, or an error.
+template <>
+class [[nodiscard]] Result<void> {
+ public:
+  using value_type = void;
+
+  Result() = default;
+  Result(Unexpected e) : error_(std::move(e.status)) {}
+
+  bool has_value() const { return error_.ok(); }
+  explicit operator bool() const { return has_value(); }
+  /// Aborts with the message when there is an error.
+  void value() const {
+    if (!has_value()) detail::bad_result_access(error_);
+  }
+  /// The error. REQUIRES: !has_value().
+  const Status& error() const& { return error_; }
+  Status& error() & { return error_; }
+
+ private:
+  Status error_;
+};
 
 /// Collapses a Result<void> to a Status.
 inline Status to_status(const Result<void>& r) { return r ? Status() : r.error(); }

@@ -25,7 +25,7 @@ struct TypeList {};
 template <class T>
 struct IsResult : std::false_type {};
 template <class T>
-struct IsResult<std::expected<T, Status>> : std::true_type {};
+struct IsResult<Result<T>> : std::true_type {};
 
 template <class T>
 struct IsDeferred : std::false_type {};
@@ -39,7 +39,7 @@ struct ReplyOf {
   using type = H;
 };
 template <class T>
-struct ReplyOf<std::expected<T, Status>> {
+struct ReplyOf<Result<T>> {
   using type = T;
 };
 template <class T>

@@ -187,7 +187,7 @@ class ReplyTo : public ReplyBase {
  public:
   ReplyTo() : ReplyBase(type_key<R>()) {}
   virtual void complete(Result<R>&& r) = 0;
-  void fail(Status status) final { complete(std::unexpected<Status>(std::move(status))); }
+  void fail(Status status) final { complete(Result<R>(Unexpected{std::move(status)})); }
 };
 
 /// Owning handle to a ReplyBase.
