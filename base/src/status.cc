@@ -19,6 +19,9 @@ std::string_view error_code_name(ErrorCode code) {
     case ErrorCode::type_mismatch: return "type_mismatch";
     case ErrorCode::not_found: return "not_found";
     case ErrorCode::already_exists: return "already_exists";
+    case ErrorCode::peer_lost: return "peer_lost";
+    case ErrorCode::refused: return "refused";
+    case ErrorCode::malformed: return "malformed";
   }
   return "unknown_error_code";
 }

@@ -37,6 +37,13 @@ enum class ErrorCode : uint8_t {
   not_found,
   /// A named thing already exists.
   already_exists,
+  /// The process hosting the target is unreachable (connection lost, peer
+  /// killed, network gone).
+  peer_lost,
+  /// The peer refused the connection (wrong token, protocol version).
+  refused,
+  /// Bytes from a peer could not be decoded (malformed, truncated, unknown).
+  malformed,
 };
 
 /// A stable lowercase name for a code, e.g. "actor_dead".

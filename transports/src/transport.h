@@ -1,0 +1,85 @@
+// The transport interface: frames between this process and its peers. A
+// transport knows connections and bytes, not actors; the handshake, auth,
+// heartbeats and sequence numbers live one level up (network.h).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "troupe/status.h"
+#include "wire.h"
+
+namespace troupe::transport {
+
+/// A connection, process-unique, never reused.
+using PeerId = uint64_t;
+
+/// A frame on its way out: an encoded header (wire::encode) and its payload.
+struct OutFrame {
+  std::string header;
+  std::string payload;
+};
+
+/// A frame that arrived, with its header already decoded and validated.
+struct InFrame {
+  wire::Message message;
+  std::string payload;
+};
+
+/// "host:port" split, from "tcp://host:port", "ucx://host:port" or "host:port".
+struct Endpoint {
+  std::string scheme;  // "tcp", "ucx" or "" when none was given
+  std::string host;
+  uint16_t port = 0;
+  std::string to_uri() const;
+};
+/// Parses an address; the error says what is wrong with it.
+Result<Endpoint> parse_endpoint(const std::string& uri);
+
+/// What a transport reports. Called on the transport's own thread, one call
+/// at a time; keep them short (hand work to actors).
+struct Events {
+  /// A frame arrived on `peer`. Frames of one peer arrive in order.
+  std::function<void(PeerId peer, InFrame frame)> on_frame;
+  /// An outbound connection is established, or an inbound one accepted.
+  std::function<void(PeerId peer, bool inbound)> on_connected;
+  /// The connection is gone (closed, reset, refused, malformed input). Called
+  /// once per peer; nothing is delivered for it afterwards.
+  std::function<void(PeerId peer, Status why)> on_lost;
+};
+
+/// Bounds that protect a process from its peers.
+struct TransportLimits {
+  wire::Limits frame;
+  /// Bytes a connection may have queued for sending before send() refuses.
+  size_t max_send_queue_bytes = size_t{2} << 30;
+};
+
+class Transport {
+ public:
+  virtual ~Transport() = default;
+
+  /// Starts accepting connections; port 0 picks a free one. Returns the
+  /// address peers should dial ("tcp://127.0.0.1:41234").
+  virtual Result<std::string> listen(const Endpoint& at) = 0;
+  /// Starts connecting; on_connected or on_lost follows. Frames sent before
+  /// the connection is up are queued.
+  virtual Result<PeerId> connect(const Endpoint& to) = 0;
+  /// Queues a frame; thread-safe; frames to one peer leave in call order.
+  /// Fails with peer_lost for a closed peer and mailbox_full when its send
+  /// queue is at its bound.
+  virtual Status send(PeerId peer, OutFrame frame) = 0;
+  /// Closes a connection (on_lost follows with `why`).
+  virtual void close(PeerId peer, std::string why) = 0;
+  /// Stops the transport thread and closes everything. Idempotent.
+  virtual void stop() = 0;
+  /// "tcp" or "ucx".
+  virtual const char* scheme() const = 0;
+};
+
+/// TCP: epoll, non-blocking sockets, length-prefixed frames.
+std::unique_ptr<Transport> make_tcp_transport(Events events, TransportLimits limits);
+
+}  // namespace troupe::transport
