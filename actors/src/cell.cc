@@ -6,6 +6,7 @@
 #include <string>
 
 #include "log.h"
+#include "remote/node.h"
 #include "runtime_impl.h"
 
 namespace troupe::detail {
@@ -62,6 +63,7 @@ const char* command_name(Command::Kind k) {
     case Command::Kind::down: return "down";
     case Command::Kind::timer: return "timer";
     case Command::Kind::ask_tick: return "ask_tick";
+    case Command::Kind::remote_down: return "remote_down";
     case Command::Kind::started: return "started";
     case Command::Kind::start_failed: return "start_failed";
     case Command::Kind::exited: return "exited";
@@ -84,6 +86,9 @@ void send_command(CellControl* to, Command cmd) {
 
 Status send(CellControl* to, Envelope&& env) {
   Cell* cell = cell_of(to);
+  if (cell->is_remote() && !cell->dead()) {
+    if (auto node = cell->remote().node.lock()) return node->send_envelope(cell, std::move(env));
+  }
   if (cell->dead()) {
     Status s(ErrorCode::actor_dead,
              "send: actor " + cell->path() + " has stopped (" + cell->final_reason().to_string() + ")");
@@ -151,6 +156,9 @@ Cell::Cell(caf::actor_config& cfg, RuntimeImpl* rt, SpawnSpec spec, CellPtr pare
 Cell::~Cell() = default;
 
 CellControl* Cell::control() const { return control_of_actor(const_cast<Cell*>(this)); }
+
+const std::string& Cell::remote_address() const { return spec_.remote->address; }
+uint64_t Cell::remote_id() const { return spec_.remote->id; }
 
 caf::behavior Cell::make_behavior() {
   ScopedCurrent scope(this);
@@ -425,6 +433,7 @@ void Cell::on_command(Command& cmd) {
     case K::terminate:
     case K::exit:
     case K::parent_down:
+    case K::remote_down:
       if (state_ == State::starting || state_ == State::stopping) {
         deferred_commands_.push_back(std::move(cmd));
         return;
@@ -515,6 +524,13 @@ void Cell::on_command(Command& cmd) {
       return;
     case K::ask_tick:
       on_ask_tick(cmd.id);
+      return;
+    case K::remote_down:
+      if (state_ == State::running) {
+        end_incarnation(cmd.reason, [this, why = cmd.reason] { terminate(why); });
+      } else {
+        terminate(cmd.reason);
+      }
       return;
     case K::started:
     case K::start_failed:

@@ -43,6 +43,7 @@ struct Command {
     down,      // a monitor fired (id = monitor id)
     timer,     // an after() timer fired (id = timer id)
     ask_tick,  // check the ask deadline list (id = deadline it was armed for)
+    remote_down,  // a proxy's remote actor (or its process) is gone: terminate with reason
     // child -> supervisor
     started,
     start_failed,
@@ -86,6 +87,11 @@ class Cell final : public caf::event_based_actor {
   uint64_t id() const { return id_; }
   const std::string& path() const { return path_; }
   TypeKey actor_type() const { return spec_.actor_type; }
+  /// Proxies stand for an actor in another process.
+  bool is_remote() const { return spec_.remote != nullptr; }
+  const std::string& remote_address() const;
+  uint64_t remote_id() const;
+  const RemoteTarget& remote() const { return *spec_.remote; }
   RuntimeImpl* runtime() const { return rt_; }
   CellControl* control() const;
   /// Reserves a mailbox slot for a user message; false when at the bound.

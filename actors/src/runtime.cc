@@ -5,6 +5,7 @@
 
 #include "cell.h"
 #include "log.h"
+#include "remote/node.h"
 #include "runtime_impl.h"
 #include "troupe/log.h"
 #include "troupe/runtime.h"
@@ -42,6 +43,57 @@ RuntimeImpl::RuntimeImpl(RuntimeConfig config) : config_(std::move(config)) {
   caf_config_->set("work-stealing.moderate-sleep-duration", caf::timespan(std::chrono::microseconds(5)));
   system_ = std::make_unique<caf::actor_system>(*caf_config_);
   TROUPE_LOG(debug, "event=runtime_started threads={}", config_.threads);
+  if (!config_.listen.empty()) {
+    if (auto n = node(); !n) {
+      TROUPE_LOG(err, "event=listen_failed address={} reason=\"{}\"", config_.listen, n.error().message());
+    }
+  }
+}
+
+Result<std::shared_ptr<Node>> RuntimeImpl::node() {
+  std::lock_guard<std::mutex> lock(node_mu_);
+  if (node_) return node_;
+  if (!node_status_.ok()) return error(node_status_);
+  if (shutting_down()) return error(ErrorCode::shutting_down, "network: the runtime is shutting down");
+  auto token = resolve_cluster_token(config_.cluster_token);
+  if (!token) {
+    node_status_ = token.error();
+    return error(node_status_);
+  }
+  NodeConfig nc;
+  nc.listen = config_.listen;
+  nc.token = *token;
+  nc.limits.max_payload_bytes = config_.max_frame_bytes;
+  nc.heartbeat_interval = config_.heartbeat_interval;
+  nc.dead_after = config_.peer_dead_after;
+  auto node = std::make_shared<Node>(this, std::move(nc));
+  if (Status s = node->start(); !s.ok()) {
+    node_status_ = s;
+    return error(s);
+  }
+  node_ = std::move(node);
+  return node_;
+}
+
+std::string RuntimeImpl::address() const {
+  std::lock_guard<std::mutex> lock(const_cast<std::mutex&>(node_mu_));
+  return node_ ? node_->address() : std::string();
+}
+
+namespace {
+// What a proxy cell hosts: nothing (its messages go to the network).
+class ProxyActor final : public Actor<ProxyActor> {};
+}  // namespace
+
+CellPtr RuntimeImpl::spawn_proxy(std::shared_ptr<Node> node, const std::string& address, uint64_t id) {
+  SpawnSpec spec;
+  spec.name = address + "/#" + std::to_string(id);
+  spec.path = spec.name;
+  spec.factory = [] { return std::unique_ptr<ActorBase>(new ProxyActor()); };
+  spec.actor_type = type_key<ProxyActor>();
+  spec.actor_type_name = &type_name<ProxyActor>;
+  spec.remote = std::make_shared<RemoteTarget>(RemoteTarget{node, address, id});
+  return spawn(std::move(spec), nullptr, 0, {});
 }
 
 RuntimeImpl::~RuntimeImpl() { (void)shutdown(); }
@@ -57,7 +109,9 @@ CellPtr RuntimeImpl::spawn(SpawnSpec spec, Cell* parent, uint64_t start_seq, Rep
   }
   uint64_t id = next_id_.fetch_add(1, std::memory_order_relaxed);
   std::string path;
-  if (parent) {
+  if (!spec.path.empty()) {
+    path = spec.path;
+  } else if (parent) {
     path = parent->path() + "/" + spec.name;
   } else {
     path = "/" + (spec.name.empty() ? "actor-" + std::to_string(id) : spec.name);
@@ -67,7 +121,7 @@ CellPtr RuntimeImpl::spawn(SpawnSpec spec, Cell* parent, uint64_t start_seq, Rep
   caf::actor a = system_->spawn<Cell>(this, std::move(spec), std::move(parent_ptr), std::move(path), id,
                                       start_seq, std::move(start_reply));
   CellPtr cell(reinterpret_cast<CellControl*>(caf::actor_cast<caf::actor_control_block*>(a)));
-  if (parent == nullptr) {
+  if (parent == nullptr && !cell_of(cell.get())->is_remote()) {
     std::lock_guard<std::mutex> lock(mu_);
     // The cell may already have stopped (a failed start): then it is gone
     // from the books and must not be re-added.
@@ -178,6 +232,14 @@ Status RuntimeImpl::shutdown() {
   for (auto& [id, cell] : rest) send_command(cell.get(), Command{Command::Kind::exit});
   rest.clear();
 
+  // Then the network: open asks fail with peer_lost, proxies terminate.
+  std::shared_ptr<Node> node;
+  {
+    std::lock_guard<std::mutex> lock(node_mu_);
+    node = node_;
+  }
+  if (node) node->stop();
+
   bool all_stopped = wait_until(deadline, [&] { return live_.load() == 0; });
   if (!all_stopped) {
     std::string stuck;
@@ -237,6 +299,28 @@ void Runtime::stop(const AnyRef& actor) {
 }
 
 size_t Runtime::live_actors() const { return impl_->live(); }
+
+std::string Runtime::address() const { return impl_->address(); }
+
+Status Runtime::publish(const std::string& name, const AnyRef& actor) {
+  if (!actor) return Status(ErrorCode::invalid_argument, "publish: empty reference");
+  auto node = impl_->node();
+  if (!node) return node.error();
+  return (*node)->publish(name, actor.cell());
+}
+
+Result<AnyRef> Runtime::resolve_any(const std::string& uri, std::chrono::milliseconds timeout) {
+  auto slash = uri.find('/', uri.find("://") == std::string::npos ? 0 : uri.find("://") + 3);
+  if (slash == std::string::npos || slash + 1 >= uri.size()) {
+    return error(ErrorCode::invalid_argument, "resolve: '" + uri + "' has no actor name; use tcp://HOST:PORT/NAME");
+  }
+  auto node = impl_->node();
+  if (!node) return error(node.error());
+  if (timeout.count() < 0) timeout = impl_->config().default_ask_timeout;
+  auto cell = (*node)->resolve(uri.substr(0, slash), uri.substr(slash + 1), timeout);
+  if (!cell) return error(cell.error());
+  return AnyRef(std::move(*cell));
+}
 Status Runtime::shutdown() { return impl_->shutdown(); }
 const RuntimeConfig& Runtime::config() const { return impl_->config(); }
 

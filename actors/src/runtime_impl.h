@@ -20,6 +20,7 @@
 namespace troupe::detail {
 
 class Cell;
+class Node;
 
 class RuntimeImpl {
  public:
@@ -39,6 +40,12 @@ class RuntimeImpl {
   void on_cell_exit(Cell* cell);
   /// Logs a crash report and passes it to the configured hook.
   void report_crash(const CrashReport& report);
+
+  /// A proxy cell for actor `id` on the node at `address`.
+  CellPtr spawn_proxy(std::shared_ptr<Node> node, const std::string& address, uint64_t id);
+  /// The network node (created on first use when the runtime does not listen).
+  Result<std::shared_ptr<Node>> node();
+  std::string address() const;
 
   Result<SupervisorRef> start_supervisor(std::string name, SupervisorSpec spec, std::chrono::milliseconds timeout);
   Future<ExitReason> monitor(const AnyRef& actor, std::chrono::milliseconds timeout);
@@ -64,6 +71,9 @@ class RuntimeImpl {
   /// Root supervisors in start order (ids into top_).
   std::vector<uint64_t> roots_;
   std::optional<Status> shutdown_status_;
+  std::mutex node_mu_;
+  std::shared_ptr<Node> node_;
+  Status node_status_;  // why the node could not start, if it could not
   std::mutex shutdown_mu_;  // serialises shutdown() calls
 };
 

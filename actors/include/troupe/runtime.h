@@ -38,6 +38,20 @@ struct RuntimeConfig {
   std::function<void(const CrashReport&)> on_crash_report{};
   /// Seed for restart-backoff jitter; 0 picks a random seed.
   uint64_t seed = 0;
+
+  /// Network: where to accept connections from other processes, e.g.
+  /// "tcp://0.0.0.0:7000" or "tcp://127.0.0.1:0" (any free port; see
+  /// address()). Empty: this runtime only dials out (resolve()).
+  std::string listen{};
+  /// The secret every process of a cluster shares. Empty: the
+  /// TROUPE_CLUSTER_TOKEN environment variable, else $TROUPE_HOME (default
+  /// ~/.troupe)/cluster_token, created on first use.
+  std::string cluster_token{};
+  /// Largest message payload accepted from a peer.
+  uint64_t max_frame_bytes = uint64_t{1} << 30;
+  /// Heartbeats on idle connections, and how long a silent peer lives.
+  std::chrono::milliseconds heartbeat_interval{250};
+  std::chrono::milliseconds peer_dead_after{2000};
 };
 
 /// Owns an actor system. Create one per process (more work, but each is
@@ -80,6 +94,24 @@ class Runtime {
 
   /// Actors currently alive in this runtime.
   size_t live_actors() const;
+
+  /// This runtime's address for other processes ("tcp://127.0.0.1:41234"),
+  /// or "" when it does not listen.
+  std::string address() const;
+  /// Makes `actor` reachable from other processes as `name`.
+  Status publish(const std::string& name, const AnyRef& actor);
+  /// A reference to the actor published as NAME at `uri`
+  /// ("tcp://host:port/NAME" or "troupe://host:port/NAME"). Messages to it
+  /// must be declared with TROUPE_MESSAGE. Blocks up to `timeout`.
+  Result<AnyRef> resolve_any(const std::string& uri, std::chrono::milliseconds timeout = kDefaultTimeout);
+  /// Like resolve_any(), typed. The remote actor's class is not checked: a
+  /// message it does not handle fails with unknown_message.
+  template <class A>
+  Result<ActorRef<A>> resolve(const std::string& uri, std::chrono::milliseconds timeout = kDefaultTimeout) {
+    auto any = resolve_any(uri, timeout);
+    if (!any) return error(any.error());
+    return ActorRef<A>(detail::CellPtr(any->cell()));
+  }
 
   /// Stops every supervision tree (reverse start order, each stopping its
   /// children in reverse order), then every other actor, then the

@@ -6,6 +6,7 @@
 #include "troupe/actor_ref.h"    // IWYU pragma: export
 #include "troupe/exit_reason.h"  // IWYU pragma: export
 #include "troupe/future.h"       // IWYU pragma: export
+#include "troupe/message.h"      // IWYU pragma: export
 #include "troupe/runtime.h"      // IWYU pragma: export
 #include "troupe/status.h"       // IWYU pragma: export
 #include "troupe/supervisor.h"   // IWYU pragma: export

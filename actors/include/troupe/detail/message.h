@@ -12,9 +12,11 @@
 #include <new>
 #include <typeinfo>
 #include <string>
+#include <string_view>
 #include <type_traits>
 #include <utility>
 
+#include "troupe/codec.h"
 #include "troupe/status.h"
 
 namespace troupe {
@@ -55,7 +57,18 @@ struct BoxOps {
   /// Most messages are small plain structs, and this keeps indirect calls
   /// off the per-message path.
   bool trivial;
+  /// Wire id (codec::type_id of its TROUPE_MESSAGE name); 0 when the type
+  /// cannot leave the process.
+  uint64_t wire_id;
+  /// Appends the encoded message; null when the type has no codec.
+  void (*encode)(const void* obj, std::string& out);
 };
+
+/// Message types declared with TROUPE_MESSAGE carry a name for the wire.
+template <class T>
+concept WireMessage = requires {
+  { T::troupe_name() } -> std::convertible_to<std::string_view>;
+} && codec::Codable<T>;
 
 inline constexpr size_t kInlineMessageBytes = 48;
 
@@ -83,6 +96,23 @@ const BoxOps* box_ops() {
         }
       },
       kStoredInline<T> && std::is_trivially_copyable_v<T>,
+      [] {
+        if constexpr (WireMessage<T>) {
+          return codec::type_id(T::troupe_name());
+        } else {
+          return uint64_t{0};
+        }
+      }(),
+      [] {
+        if constexpr (WireMessage<T>) {
+          return +[](const void* obj, std::string& out) {
+            codec::Writer w(out);
+            codec::write(w, *static_cast<const T*>(obj));
+          };
+        } else {
+          return static_cast<void (*)(const void*, std::string&)>(nullptr);
+        }
+      }(),
   };
   return &ops;
 }
@@ -121,6 +151,13 @@ class MessageBox {
 
   bool empty() const { return ops_ == nullptr; }
   TypeKey key() const { return ops_ ? ops_->key : nullptr; }
+  const BoxOps* ops() const { return ops_; }
+  /// Encodes the message for the wire; false when its type has no codec.
+  bool encode(std::string& out) const {
+    if (!ops_ || !ops_->encode) return false;
+    ops_->encode(heap_ ? heap_ : static_cast<const void*>(buf_), out);
+    return true;
+  }
   const std::string& type_name() const;
 
   /// REQUIRES: key() == type_key<T>().
@@ -171,6 +208,8 @@ class ReplyBase {
   TypeKey value_type() const { return value_type_; }
   /// Completes the ask with an error.
   virtual void fail(Status status) = 0;
+  /// Completes the ask with an encoded reply (from another process).
+  virtual void complete_bytes(std::string_view bytes) = 0;
 
   void add_ref() noexcept { refs_.fetch_add(1, std::memory_order_relaxed); }
   void release() noexcept {
@@ -182,12 +221,36 @@ class ReplyBase {
   TypeKey value_type_;
 };
 
+/// The value_type of a reply that goes to another process: it takes any
+/// reply type that has a codec and sends it encoded.
+struct AnyRemoteReply {};
+
 template <class R>
 class ReplyTo : public ReplyBase {
  public:
   ReplyTo() : ReplyBase(type_key<R>()) {}
   virtual void complete(Result<R>&& r) = 0;
   void fail(Status status) final { complete(Result<R>(Unexpected{std::move(status)})); }
+  void complete_bytes(std::string_view bytes) final {
+    if constexpr (std::is_void_v<R>) {
+      if (!bytes.empty()) {
+        fail(Status(ErrorCode::type_mismatch, "ask: expected no reply value but the remote handler sent one"));
+        return;
+      }
+      complete(Result<void>());
+    } else if constexpr (codec::Codable<R>) {
+      auto v = codec::decode<R>(bytes);
+      if (!v) {
+        fail(Status(v.error().code(), "ask: the remote reply could not be decoded as " + type_name<R>() + ": " +
+                                          v.error().message()));
+        return;
+      }
+      complete(Result<R>(std::move(*v)));
+    } else {
+      fail(Status(ErrorCode::type_mismatch, "ask: the reply type " + type_name<R>() +
+                                                " has no codec, so it cannot come from another process"));
+    }
+  }
 };
 
 /// Owning handle to a ReplyBase.
@@ -217,11 +280,30 @@ class ReplyRef {
   ReplyBase* p_ = nullptr;
 };
 
+/// Completes a reply bound for another process with an encoded value.
+template <class R, class V>
+void complete_remote_reply(ReplyRef& r, V&& value) {
+  if constexpr (codec::Codable<std::remove_cvref_t<R>>) {
+    std::string bytes;
+    codec::Writer w(bytes);
+    codec::write(w, value);
+    r->complete_bytes(bytes);
+  } else {
+    (void)value;
+    r->fail(Status(ErrorCode::type_mismatch, "ask: the handler's reply type " + type_name<R>() +
+                                                 " has no codec, so it cannot go to another process"));
+  }
+}
+
 /// Completes `reply` (if any) with a value, checking the asker's type.
 template <class R, class V>
 void complete_reply(ReplyRef& reply, V&& value) {
   if (!reply) return;
   ReplyRef r = std::move(reply);
+  if (r->value_type() == type_key<AnyRemoteReply>()) {
+    complete_remote_reply<R>(r, std::forward<V>(value));
+    return;
+  }
   if (r->value_type() != type_key<R>()) {
     r->fail(Status(ErrorCode::type_mismatch,
                    "ask: the handler replied with " + type_name<R>() +
@@ -235,6 +317,10 @@ template <class R>
 void complete_reply_void(ReplyRef& reply) {
   if (!reply) return;
   ReplyRef r = std::move(reply);
+  if (r->value_type() == type_key<AnyRemoteReply>()) {
+    r->complete_bytes({});
+    return;
+  }
   if (r->value_type() != type_key<void>()) {
     r->fail(Status(ErrorCode::type_mismatch,
                    "ask: the handler returns nothing but the asker expected a value"));

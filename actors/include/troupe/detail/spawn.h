@@ -30,6 +30,8 @@ struct SpawnOptions {
 namespace detail {
 
 class RuntimeImpl;
+/// Where a proxy cell's messages go (remote/node.h).
+struct RemoteTarget;
 
 /// Makes a fresh instance; called once per incarnation.
 using Factory = std::function<std::unique_ptr<ActorBase>()>;
@@ -42,6 +44,10 @@ struct SpawnSpec {
   size_t mailbox_bound = 0;
   uint32_t snapshot_every = 0;
   bool is_supervisor = false;
+  /// Set for proxies of actors in other processes.
+  std::shared_ptr<RemoteTarget> remote{};
+  /// The full path, when the runtime should not derive one.
+  std::string path{};
 };
 
 template <class A, class... Args>

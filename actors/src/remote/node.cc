@@ -1,0 +1,680 @@
+#include "node.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <random>
+
+#include "cell.h"
+#include "log.h"
+#include "runtime_impl.h"
+#include "troupe/future.h"
+#include "troupe/message.h"
+
+namespace troupe::detail {
+
+namespace {
+
+int64_t now_us() {
+  return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+uint64_t random_u64() {
+  std::random_device rd;
+  return (static_cast<uint64_t>(rd()) << 32) ^ rd();
+}
+
+/// Compares secrets in time independent of where they differ.
+bool same_secret(const std::string& a, const std::string& b) {
+  if (a.size() != b.size()) return false;
+  unsigned char diff = 0;
+  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
+  return diff == 0;
+}
+
+/// "troupe://h:p", "tcp://h:p" -> "tcp://h:p" (the key peers are known by).
+Result<std::string> normalize(const std::string& address) {
+  std::string a = address;
+  if (a.rfind("troupe://", 0) == 0) a = "tcp://" + a.substr(9);
+  auto e = transport::parse_endpoint(a);
+  if (!e) return error(e.error());
+  if (e->scheme.empty()) e->scheme = "tcp";
+  return e->to_uri();
+}
+
+// The answer to an ask that came from another process.
+class RemoteReply final : public ReplyBase {
+ public:
+  RemoteReply(std::weak_ptr<Node> node, transport::PeerId peer, uint64_t correlation)
+      : ReplyBase(type_key<AnyRemoteReply>()), node_(std::move(node)), peer_(peer), correlation_(correlation) {}
+  void fail(Status status) override {
+    if (auto n = node_.lock()) n->send_error(peer_, correlation_, status);
+  }
+  void complete_bytes(std::string_view bytes) override {
+    if (auto n = node_.lock()) n->send_reply(peer_, correlation_, std::string(bytes));
+  }
+
+ private:
+  std::weak_ptr<Node> node_;
+  transport::PeerId peer_;
+  uint64_t correlation_;
+};
+
+struct WireTypeEntry {
+  std::string name;
+  TypeKey key;
+  WireDecodeFn decode;
+};
+
+std::mutex& registry_mu() {
+  static std::mutex mu;
+  return mu;
+}
+std::unordered_map<uint64_t, WireTypeEntry>& registry() {
+  static std::unordered_map<uint64_t, WireTypeEntry> map;
+  return map;
+}
+
+const WireTypeEntry* find_wire_type(uint64_t id) {
+  std::lock_guard<std::mutex> lock(registry_mu());
+  auto it = registry().find(id);
+  return it == registry().end() ? nullptr : &it->second;
+}
+
+}  // namespace
+
+bool register_wire_type(uint64_t wire_id, std::string_view name, TypeKey key, WireDecodeFn decode) {
+  std::lock_guard<std::mutex> lock(registry_mu());
+  auto [it, inserted] = registry().emplace(wire_id, WireTypeEntry{std::string(name), key, decode});
+  if (!inserted && it->second.key != key) {
+    std::fprintf(stderr,
+                 "troupe: two message types are registered as '%.*s' (or collide on its wire id); give one of "
+                 "them another name with TROUPE_MESSAGE_NAMED\n",
+                 static_cast<int>(name.size()), name.data());
+    std::abort();
+  }
+  return true;
+}
+
+Result<std::string> resolve_cluster_token(const std::string& configured) {
+  if (!configured.empty()) return configured;
+  if (const char* env = std::getenv("TROUPE_CLUSTER_TOKEN"); env && *env) return std::string(env);
+  namespace fs = std::filesystem;
+  fs::path home;
+  if (const char* th = std::getenv("TROUPE_HOME"); th && *th) {
+    home = th;
+  } else if (const char* h = std::getenv("HOME"); h && *h) {
+    home = fs::path(h) / ".troupe";
+  } else {
+    return error(ErrorCode::invalid_argument,
+                 "cluster token: none configured and neither TROUPE_HOME nor HOME is set; set "
+                 "RuntimeConfig::cluster_token or TROUPE_CLUSTER_TOKEN");
+  }
+  fs::path file = home / "cluster_token";
+  std::error_code ec;
+  if (fs::exists(file, ec)) {
+    std::ifstream in(file);
+    std::string token;
+    std::getline(in, token);
+    if (!token.empty()) return token;
+  }
+  fs::create_directories(home, ec);
+  std::string token;
+  static constexpr char kHex[] = "0123456789abcdef";
+  for (int i = 0; i < 4; ++i) {
+    uint64_t r = random_u64();
+    for (int j = 0; j < 16; ++j) token += kHex[(r >> (4 * j)) & 15];
+  }
+  std::string tmp = file.string() + ".tmp." + std::to_string(getpid());
+  {
+    std::ofstream out(tmp);
+    out << token << "\n";
+    if (!out) {
+      return error(ErrorCode::invalid_argument, "cluster token: cannot write " + file.string() +
+                                                    "; set TROUPE_CLUSTER_TOKEN or make the folder writable");
+    }
+  }
+  chmod(tmp.c_str(), 0600);
+  // Two processes starting at once: the first rename wins, both read it back.
+  if (!fs::exists(file, ec)) fs::rename(tmp, file, ec);
+  fs::remove(tmp, ec);
+  std::ifstream in(file);
+  std::string stored;
+  std::getline(in, stored);
+  return stored.empty() ? token : stored;
+}
+
+Node::Node(RuntimeImpl* rt, NodeConfig config) : rt_(rt), config_(std::move(config)), node_id_(random_u64()) {}
+
+Node::~Node() { stop(); }
+
+Status Node::start() {
+  transport::TransportLimits limits;
+  limits.frame = config_.limits;
+  transport_ = transport::make_tcp_transport(
+      transport::Events{
+          [this](transport::PeerId p, transport::InFrame f) { on_frame(p, std::move(f)); },
+          [this](transport::PeerId p, bool inbound) { on_connected(p, inbound); },
+          [this](transport::PeerId p, Status s) { on_lost(p, std::move(s)); },
+      },
+      limits);
+  if (!config_.listen.empty()) {
+    auto at = transport::parse_endpoint(config_.listen);
+    if (!at) return at.error();
+    if (at->scheme == "ucx") {
+      return Status(ErrorCode::invalid_argument,
+                    "listen: the ucx:// transport is not in this build yet; listen on tcp://HOST:PORT");
+    }
+    auto bound = transport_->listen(*at);
+    if (!bound) return bound.error();
+    address_ = *bound;
+    TROUPE_LOG(info, "event=node_listening address={} node_id={:016x}", address_, node_id_);
+  }
+  hb_thread_ = std::thread([this] { heartbeat_loop(); });
+  return {};
+}
+
+std::string Node::address() const { return address_; }
+
+void Node::stop() {
+  {
+    std::lock_guard<std::mutex> lock(hb_mu_);
+    if (stopping_) return;
+    stopping_ = true;
+  }
+  hb_cv_.notify_all();
+  if (hb_thread_.joinable()) hb_thread_.join();
+  if (transport_) {
+    // Tell peers this is an orderly departure, not a crash.
+    std::vector<std::shared_ptr<Peer>> peers;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (auto& [id, p] : peers_) peers.push_back(p);
+    }
+    for (auto& p : peers) {
+      p->leaving = true;
+      if (p->ready) (void)send_frame(*p, wire::Goodbye{"runtime shutdown"}, {});
+    }
+    transport_->stop();  // reports every connection lost
+  }
+  // Proxies whose peer never connected still need to go.
+  std::vector<caf::weak_actor_ptr> proxies;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& [key, weak] : proxies_) proxies.push_back(weak);
+    proxies_.clear();
+  }
+  for (auto& w : proxies) {
+    if (auto strong = w.lock()) {
+      send_command(reinterpret_cast<CellControl*>(strong.get()),
+                   Command{Command::Kind::remote_down, CellPtr(), ExitReason::killed("runtime shutdown")});
+    }
+  }
+}
+
+Status Node::publish(const std::string& name, CellControl* cell) {
+  if (name.empty() || name.find('/') != std::string::npos) {
+    return Status(ErrorCode::invalid_argument, "publish: name '" + name + "' must be non-empty and without '/'");
+  }
+  Cell* c = cell_of(cell);
+  if (c->is_remote()) return Status(ErrorCode::invalid_argument, "publish: " + c->path() + " is a remote actor");
+  std::lock_guard<std::mutex> lock(mu_);
+  names_[name] = c->id();
+  exports_[c->id()] = caf::weak_actor_ptr(caf::actor_control_block::from(c));
+  return {};
+}
+
+CellPtr Node::find_export(uint64_t id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = exports_.find(id);
+  if (it == exports_.end()) return {};
+  auto strong = it->second.lock();
+  if (!strong) {
+    exports_.erase(it);
+    return {};
+  }
+  return CellPtr(reinterpret_cast<CellControl*>(strong.get()));
+}
+
+std::shared_ptr<Node::Peer> Node::find_peer(transport::PeerId id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = peers_.find(id);
+  return it == peers_.end() ? nullptr : it->second;
+}
+
+std::shared_ptr<Node::Peer> Node::peer_for(const std::string& address, Status* why) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (auto it = by_address_.find(address); it != by_address_.end()) {
+    if (!it->second->refused.ok()) {
+      *why = it->second->refused;
+      return nullptr;
+    }
+    return it->second;
+  }
+  auto ep = transport::parse_endpoint(address);
+  if (!ep) {
+    *why = ep.error();
+    return nullptr;
+  }
+  // Connect under the lock: a refusal reported at once must find the peer.
+  auto id = transport_->connect(*ep);
+  if (!id) {
+    *why = id.error();
+    return nullptr;
+  }
+  auto peer = std::make_shared<Peer>();
+  peer->id = *id;
+  peer->address = address;
+  peer->last_recv_us = now_us();
+  peers_[peer->id] = peer;
+  by_address_[address] = peer;
+  lock.unlock();
+  // The transport queues frames until connected: the Hello goes first.
+  wire::Hello hello{wire::kProtocolVersion, node_id_, config_.token, address_};
+  *why = send_frame(*peer, hello, {});
+  return why->ok() ? peer : nullptr;
+}
+
+Status Node::send_frame(Peer& peer, const wire::Message& header, std::string payload) {
+  std::lock_guard<std::mutex> lock(peer.send_mu);
+  transport::OutFrame f;
+  if (auto* env = std::get_if<wire::EnvelopeHeader>(&header)) {
+    wire::EnvelopeHeader h = *env;
+    h.sequence = peer.next_seq++;
+    f.header = wire::encode(h);
+  } else {
+    f.header = wire::encode(header);
+  }
+  f.payload = std::move(payload);
+  peer.last_send_us = now_us();
+  return transport_->send(peer.id, std::move(f));
+}
+
+CellPtr Node::proxy_for(const std::string& address, uint64_t id) {
+  CellPtr cell;
+  std::shared_ptr<Peer> peer;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto key = std::make_pair(address, id);
+    if (auto it = proxies_.find(key); it != proxies_.end()) {
+      if (auto strong = it->second.lock()) return CellPtr(reinterpret_cast<CellControl*>(strong.get()));
+    }
+    cell = rt_->spawn_proxy(shared_from_this(), address, id);
+    if (!cell) return {};
+    proxies_[key] = caf::weak_actor_ptr(reinterpret_cast<caf::actor_control_block*>(cell.get()));
+    if (auto it = by_address_.find(address); it != by_address_.end()) peer = it->second;
+  }
+  // Learn when the remote actor stops: its node answers with Down.
+  if (peer) (void)send_frame(*peer, wire::MonitorRequest{id}, {});
+  return cell;
+}
+
+Result<CellPtr> Node::resolve(const std::string& address, const std::string& name, std::chrono::milliseconds timeout) {
+  auto norm = normalize(address);
+  if (!norm) return error(norm.error());
+  Status why;
+  auto peer = peer_for(*norm, &why);
+  if (!peer) return error(why);
+  uint64_t corr = next_correlation_.fetch_add(1);
+  auto* state = new FutureState<uint64_t>();
+  ReplyRef reply(state);
+  ReplyRef mine = reply;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    resolves_[corr] = PendingResolve{std::move(reply), *norm};
+  }
+  Status sent = send_frame(*peer, wire::Resolve{corr, name}, {});
+  Future<uint64_t> answer(std::move(mine), timeout);
+  if (!sent.ok()) {
+    std::lock_guard<std::mutex> lock(mu_);
+    resolves_.erase(corr);
+    return error(sent);
+  }
+  auto id = answer.get();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    resolves_.erase(corr);
+  }
+  if (!id) return error(id.error());
+  CellPtr proxy = proxy_for(*norm, *id);
+  if (!proxy) return error(ErrorCode::shutting_down, "resolve: the runtime is shutting down");
+  return proxy;
+}
+
+Status Node::send_envelope(Cell* proxy, Envelope&& env) {
+  auto fail = [&](Status s) {
+    if (env.reply) {
+      ReplyRef r = std::move(env.reply);
+      r->fail(s);
+    }
+    return s;
+  };
+  std::string payload;
+  if (!env.box.encode(payload)) {
+    return fail(Status(ErrorCode::invalid_argument,
+                       "send: message type " + env.box.type_name() + " cannot go to another process (to " +
+                           proxy->path() + "); declare it with TROUPE_MESSAGE(Type, fields...)"));
+  }
+  Status why;
+  auto peer = peer_for(proxy->remote_address(), &why);
+  if (!peer) return fail(why);
+  wire::EnvelopeHeader h;
+  h.kind = env.reply ? wire::EnvelopeKind::ask : wire::EnvelopeKind::tell;
+  h.destination = proxy->remote_id();
+  h.type_id = env.box.ops()->wire_id;
+  if (env.reply) {
+    h.correlation = next_correlation_.fetch_add(1);
+    std::lock_guard<std::mutex> lock(mu_);
+    peer->asks.emplace(h.correlation, std::move(env.reply));
+  }
+  Status s = send_frame(*peer, h, std::move(payload));
+  if (!s.ok() && h.correlation != 0) {
+    ReplyRef r;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (auto it = peer->asks.find(h.correlation); it != peer->asks.end()) {
+        r = std::move(it->second);
+        peer->asks.erase(it);
+      }
+    }
+    if (r) r->fail(s);
+  }
+  return s;
+}
+
+void Node::send_reply(transport::PeerId id, uint64_t correlation, std::string bytes) {
+  auto peer = find_peer(id);
+  if (!peer) return;  // the asker is gone; its ask already failed with peer_lost
+  wire::EnvelopeHeader h;
+  h.kind = wire::EnvelopeKind::reply;
+  h.correlation = correlation;
+  (void)send_frame(*peer, h, std::move(bytes));
+}
+
+void Node::send_error(transport::PeerId id, uint64_t correlation, const Status& status) {
+  auto peer = find_peer(id);
+  if (!peer) return;
+  wire::EnvelopeHeader h;
+  h.kind = wire::EnvelopeKind::error;
+  h.correlation = correlation;
+  h.error_code = static_cast<uint8_t>(status.code());
+  h.error_message = status.message();
+  (void)send_frame(*peer, h, {});
+}
+
+// -- transport events ----------------------------------------------------------
+
+void Node::on_connected(transport::PeerId id, bool inbound) {
+  if (!inbound) return;  // outbound peers were registered by peer_for
+  auto peer = std::make_shared<Peer>();
+  peer->id = id;
+  peer->inbound = true;
+  peer->last_recv_us = now_us();
+  std::lock_guard<std::mutex> lock(mu_);
+  peers_[id] = peer;
+}
+
+void Node::on_frame(transport::PeerId id, transport::InFrame frame) {
+  auto peer = find_peer(id);
+  if (!peer) return;
+  peer->last_recv_us = now_us();
+  if (!peer->ready) {
+    if (peer->inbound) {
+      const auto* hello = std::get_if<wire::Hello>(&frame.message);
+      std::string problem;
+      if (hello == nullptr) {
+        problem = std::string("expected hello, got ") + wire::message_name(frame.message);
+      } else if (hello->protocol_version != wire::kProtocolVersion) {
+        problem = "protocol version " + std::to_string(hello->protocol_version) + " (this node speaks " +
+                  std::to_string(wire::kProtocolVersion) + ")";
+      } else if (!same_secret(hello->token, config_.token)) {
+        problem = "wrong cluster token (set the same TROUPE_CLUSTER_TOKEN on every node)";
+      }
+      if (!problem.empty()) {
+        TROUPE_LOG(warn, "event=connection_refused peer={} reason=\"{}\"", id, problem);
+        (void)send_frame(*peer, wire::HelloReply{false, node_id_, address_, problem}, {});
+        transport_->close(id, "refused: " + problem);
+        return;
+      }
+      peer->ready = true;
+      peer->address = hello->listen_address;
+      {
+        // Replies go back on this connection; sends to that node reuse it.
+        std::lock_guard<std::mutex> lock(mu_);
+        if (!peer->address.empty() && !by_address_.count(peer->address)) by_address_[peer->address] = peer;
+      }
+      (void)send_frame(*peer, wire::HelloReply{true, node_id_, address_, ""}, {});
+      return;
+    }
+    const auto* reply = std::get_if<wire::HelloReply>(&frame.message);
+    if (reply == nullptr) {
+      transport_->close(id, std::string("protocol: expected hello_reply, got ") + wire::message_name(frame.message));
+      return;
+    }
+    if (!reply->accepted) {
+      peer->refused = Status(ErrorCode::refused, "connect: " + peer->address + " refused the connection: " + reply->error);
+      TROUPE_LOG(err, "event=connection_refused_by_peer peer={} reason=\"{}\"", peer->address, reply->error);
+      transport_->close(id, peer->refused.message());
+      return;
+    }
+    peer->ready = true;
+    return;
+  }
+  std::visit(
+      [&](auto& m) {
+        using T = std::decay_t<decltype(m)>;
+        if constexpr (std::is_same_v<T, wire::EnvelopeHeader>) {
+          if (m.sequence != peer->expect_seq) {
+            transport_->close(id, "protocol: envelope sequence " + std::to_string(m.sequence) + ", expected " +
+                                      std::to_string(peer->expect_seq));
+            return;
+          }
+          ++peer->expect_seq;
+          on_envelope(peer, m, std::move(frame.payload));
+        } else if constexpr (std::is_same_v<T, wire::Resolve>) {
+          uint64_t found = 0;
+          {
+            std::lock_guard<std::mutex> lock(mu_);
+            if (auto it = names_.find(m.name); it != names_.end()) found = it->second;
+          }
+          if (found != 0 && !find_export(found)) found = 0;  // published, since stopped
+          (void)send_frame(*peer, wire::Resolved{m.correlation, found, found ? "" : "no actor published as '" + m.name + "'"},
+                           {});
+        } else if constexpr (std::is_same_v<T, wire::Resolved>) {
+          ReplyRef r;
+          {
+            std::lock_guard<std::mutex> lock(mu_);
+            if (auto it = resolves_.find(m.correlation); it != resolves_.end()) r = std::move(it->second.reply);
+          }
+          if (!r) return;
+          auto* st = static_cast<FutureState<uint64_t>*>(r.get());
+          if (m.id != 0) {
+            st->complete(Result<uint64_t>(m.id));
+          } else {
+            st->complete(Result<uint64_t>(error(ErrorCode::not_found, "resolve: " + peer->address + ": " + m.error)));
+          }
+        } else if constexpr (std::is_same_v<T, wire::MonitorRequest>) {
+          CellPtr cell = find_export(m.actor);
+          if (!cell) {
+            (void)send_frame(*peer, wire::DownNotice{m.actor, static_cast<uint8_t>(ExitReason::Kind::killed), "no such actor"},
+                             {});
+            return;
+          }
+          std::weak_ptr<Node> self = weak_from_this();
+          transport::PeerId pid = id;
+          uint64_t actor = m.actor;
+          cell_of(cell.get())->attach_functor([self, pid, actor](const caf::error& e) {
+            auto node = self.lock();
+            if (!node) return;
+            auto p = node->find_peer(pid);
+            if (!p) return;
+            ExitReason r = decode_reason(e);
+            (void)node->send_frame(*p, wire::DownNotice{actor, static_cast<uint8_t>(r.kind), r.message}, {});
+          });
+        } else if constexpr (std::is_same_v<T, wire::DownNotice>) {
+          caf::strong_actor_ptr proxy;
+          {
+            std::lock_guard<std::mutex> lock(mu_);
+            if (auto it = proxies_.find({peer->address, m.actor}); it != proxies_.end()) proxy = it->second.lock();
+          }
+          if (proxy) {
+            ExitReason r{static_cast<ExitReason::Kind>(std::min<uint8_t>(m.reason_kind, 3)), m.reason};
+            send_command(reinterpret_cast<CellControl*>(proxy.get()), Command{Command::Kind::remote_down, CellPtr(), r});
+          }
+        } else if constexpr (std::is_same_v<T, wire::Goodbye>) {
+          peer->leaving = true;
+          transport_->close(id, "the peer left (" + m.reason + ")");
+        } else if constexpr (std::is_same_v<T, wire::Heartbeat>) {
+          // last_recv_us was updated above; nothing else to do
+        } else {
+          transport_->close(id, std::string("protocol: unexpected ") + wire::message_name(frame.message) + " frame");
+        }
+      },
+      frame.message);
+}
+
+void Node::on_envelope(const std::shared_ptr<Peer>& peer, const wire::EnvelopeHeader& h, std::string payload) {
+  switch (h.kind) {
+    case wire::EnvelopeKind::tell:
+    case wire::EnvelopeKind::ask: {
+      bool ask = h.kind == wire::EnvelopeKind::ask;
+      auto refuse = [&](ErrorCode code, std::string why) {
+        if (ask) {
+          send_error(peer->id, h.correlation, Status(code, why));
+        } else {
+          TROUPE_LOG(warn, "event=tell_dropped from={} reason=\"{}\"", peer->address, why);
+        }
+      };
+      const WireTypeEntry* type = find_wire_type(h.type_id);
+      if (type == nullptr) {
+        refuse(ErrorCode::unknown_message, "message type id " + std::to_string(h.type_id) +
+                                               " is unknown in the receiving process (its build lacks that "
+                                               "TROUPE_MESSAGE type)");
+        return;
+      }
+      MessageBox box;
+      std::string problem;
+      if (!type->decode(payload, &box, &problem)) {
+        refuse(ErrorCode::malformed, "message " + type->name + " could not be decoded: " + problem);
+        return;
+      }
+      CellPtr target = find_export(h.destination);
+      if (!target) {
+        refuse(ErrorCode::actor_dead, "no actor with id " + std::to_string(h.destination) + " on " + address_ +
+                                          " (it stopped)");
+        return;
+      }
+      ReplyRef reply;
+      if (ask) reply = ReplyRef(new RemoteReply(weak_from_this(), peer->id, h.correlation));
+      (void)send(target.get(), Envelope(std::move(box), nullptr, std::move(reply)));
+      return;
+    }
+    case wire::EnvelopeKind::reply:
+    case wire::EnvelopeKind::error: {
+      ReplyRef r;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (auto it = peer->asks.find(h.correlation); it != peer->asks.end()) {
+          r = std::move(it->second);
+          peer->asks.erase(it);
+        }
+      }
+      if (!r) return;
+      if (h.kind == wire::EnvelopeKind::reply) {
+        r->complete_bytes(payload);
+      } else {
+        auto code = static_cast<ErrorCode>(h.error_code);
+        if (h.error_code == 0 || h.error_code > static_cast<uint8_t>(ErrorCode::malformed)) code = ErrorCode::malformed;
+        r->fail(Status(code, h.error_message));
+      }
+      return;
+    }
+  }
+}
+
+void Node::on_lost(transport::PeerId id, Status why) {
+  std::shared_ptr<Peer> peer;
+  std::vector<ReplyRef> resolves;
+  std::vector<caf::strong_actor_ptr> proxies;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = peers_.find(id);
+    if (it == peers_.end()) return;
+    peer = it->second;
+    peers_.erase(it);
+    if (auto a = by_address_.find(peer->address); a != by_address_.end() && a->second == peer) {
+      // A refused peer stays known as refused, so callers get the reason.
+      if (peer->refused.ok()) by_address_.erase(a);
+    }
+    for (auto r = resolves_.begin(); r != resolves_.end();) {
+      if (r->second.address == peer->address && r->second.reply) {
+        resolves.push_back(std::move(r->second.reply));
+        r = resolves_.erase(r);
+      } else {
+        ++r;
+      }
+    }
+    for (auto p = proxies_.begin(); p != proxies_.end();) {
+      if (p->first.first == peer->address) {
+        if (auto strong = p->second.lock()) proxies.push_back(strong);
+        p = proxies_.erase(p);
+      } else {
+        ++p;
+      }
+    }
+  }
+  Status status = !peer->refused.ok()
+                      ? peer->refused
+                      : Status(ErrorCode::peer_lost, "lost the connection to " +
+                                                         (peer->address.empty() ? std::string("peer") : peer->address) +
+                                                         ": " + why.message());
+  if (peer->leaving) {
+    TROUPE_LOG(debug, "event=peer_left peer={} reason=\"{}\"", peer->address, why.message());
+  } else if (peer->ready || !peer->refused.ok()) {
+    TROUPE_LOG(warn, "event=peer_lost peer={} reason=\"{}\" pending_asks={} proxies={}", peer->address, why.message(),
+               peer->asks.size(), proxies.size());
+  }
+  std::map<uint64_t, ReplyRef> asks;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    asks.swap(peer->asks);
+  }
+  for (auto& [corr, r] : asks) r->fail(status);
+  for (auto& r : resolves) r->fail(status);
+  for (auto& p : proxies) {
+    send_command(reinterpret_cast<CellControl*>(p.get()),
+                 Command{Command::Kind::remote_down, CellPtr(), ExitReason::killed(status.message())});
+  }
+}
+
+void Node::heartbeat_loop() {
+  std::unique_lock<std::mutex> lock(hb_mu_);
+  while (!stopping_) {
+    hb_cv_.wait_for(lock, config_.heartbeat_interval / 2);
+    if (stopping_) return;
+    lock.unlock();
+    std::vector<std::shared_ptr<Peer>> peers;
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      for (auto& [id, p] : peers_) peers.push_back(p);
+    }
+    int64_t now = now_us();
+    auto interval_us = std::chrono::duration_cast<std::chrono::microseconds>(config_.heartbeat_interval).count();
+    auto dead_us = std::chrono::duration_cast<std::chrono::microseconds>(config_.dead_after).count();
+    for (auto& p : peers) {
+      if (now - p->last_recv_us.load() > dead_us) {
+        transport_->close(p->id, "no frame for " + std::to_string(config_.dead_after.count()) +
+                                     " ms (heartbeat timeout): the peer is hung or unreachable");
+      } else if (p->ready && now - p->last_send_us.load() > interval_us) {
+        (void)send_frame(*p, wire::Heartbeat{static_cast<uint64_t>(now)}, {});
+      }
+    }
+    lock.lock();
+  }
+}
+
+}  // namespace troupe::detail

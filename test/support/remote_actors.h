@@ -1,0 +1,86 @@
+// Message types and actors shared by the remote tests and the peer process.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "troupe/troupe.h"
+
+namespace troupe::test {
+
+struct Echo {
+  std::string text;
+  TROUPE_MESSAGE(Echo, text);
+};
+struct Sum {
+  std::vector<uint8_t> bytes;
+  TROUPE_MESSAGE(Sum, bytes);
+};
+struct Record {
+  int sender;
+  int n;
+  TROUPE_MESSAGE(Record, sender, n);
+};
+struct Check {
+  TROUPE_MESSAGE(Check);
+};
+struct Nap {
+  int ms;
+  TROUPE_MESSAGE(Nap, ms);
+};
+struct Boom {
+  TROUPE_MESSAGE(Boom);
+};
+struct Quit {
+  TROUPE_MESSAGE(Quit);
+};
+/// Handled by nobody (but registered).
+struct Stray {
+  TROUPE_MESSAGE(Stray);
+};
+/// Not declared for the wire at all.
+struct Local {
+  int x;
+};
+
+/// Order violations and count of Records seen, per sender FIFO.
+struct Tally {
+  int violations = 0;
+  int received = 0;
+  TROUPE_FIELDS(violations, received);
+  friend bool operator==(const Tally&, const Tally&) = default;
+};
+
+class Service : public Actor<Service, Echo, Sum, Record, Check, Nap, Boom, Quit, Local> {
+ public:
+  std::string handle(const Echo& e) { return "echo: " + e.text; }
+  uint64_t handle(const Sum& s) {
+    uint64_t total = 0;
+    for (uint8_t b : s.bytes) total += b;
+    return total;
+  }
+  void handle(const Record& r) {
+    if (last_.size() <= static_cast<size_t>(r.sender)) last_.resize(r.sender + 1, -1);
+    if (r.n != last_[r.sender] + 1) ++tally_.violations;
+    last_[r.sender] = r.n;
+    ++tally_.received;
+  }
+  Tally handle(const Check&) { return tally_; }
+  // Blocks on purpose: keeps an ask in flight while the test kills the peer.
+  int handle(const Nap& n) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(n.ms));
+    return n.ms;
+  }
+  int handle(const Boom&) { throw std::runtime_error("remote boom"); }
+  void handle(const Quit&) { stop(); }
+  int handle(const Local& l) { return l.x; }
+
+ private:
+  std::vector<int> last_;
+  Tally tally_;
+};
+
+}  // namespace troupe::test

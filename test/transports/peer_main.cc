@@ -1,0 +1,26 @@
+// A separate OS process for the remote tests: listens on loopback, publishes
+// a Service as "service", prints its address on stdout, and runs until its
+// stdin closes (or it is killed, which is the point of some tests).
+#include <cstdio>
+#include <iostream>
+#include <string>
+
+#include "support/remote_actors.h"
+
+int main(int argc, char** argv) {
+  troupe::RuntimeConfig cfg;
+  cfg.listen = "tcp://127.0.0.1:0";
+  if (argc > 1) cfg.cluster_token = argv[1];
+  troupe::Runtime rt(cfg);
+  auto service = rt.spawn<troupe::test::Service>();
+  if (auto s = rt.publish("service", service); !s.ok()) {
+    std::fprintf(stderr, "peer: %s\n", s.to_string().c_str());
+    return 1;
+  }
+  std::printf("%s\n", rt.address().c_str());
+  std::fflush(stdout);
+  std::string line;
+  while (std::getline(std::cin, line)) {
+  }
+  return 0;
+}

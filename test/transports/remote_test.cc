@@ -1,0 +1,243 @@
+// Remote actors: refs that cross processes behave like local ones (tell, ask,
+// errors, monitors), failures are prompt (peer_lost), wrong tokens and bad
+// messages are refused with clear errors. Uses real OS processes where a
+// process has to die.
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <catch2/catch.hpp>
+
+#include "support/remote_actors.h"
+
+using namespace std::chrono_literals;
+using namespace troupe::test;
+using troupe::ErrorCode;
+
+namespace {
+
+troupe::RuntimeConfig net(std::string token = "test-token", std::string listen = "tcp://127.0.0.1:0") {
+  troupe::RuntimeConfig cfg;
+  cfg.listen = std::move(listen);
+  cfg.cluster_token = std::move(token);
+  cfg.log_level = "warn";
+  return cfg;
+}
+
+/// The peer program as a child process, with its address read from stdout.
+class PeerProcess {
+ public:
+  explicit PeerProcess(const std::string& token = "test-token") {
+    int in[2], out[2];
+    REQUIRE(pipe(in) == 0);
+    REQUIRE(pipe(out) == 0);
+    pid_ = fork();
+    REQUIRE(pid_ >= 0);
+    if (pid_ == 0) {
+      dup2(in[0], 0);
+      dup2(out[1], 1);
+      close(in[1]);
+      close(out[0]);
+      execl(TROUPE_TEST_PEER, TROUPE_TEST_PEER, token.c_str(), static_cast<char*>(nullptr));
+      _exit(127);
+    }
+    close(in[0]);
+    close(out[1]);
+    stdin_ = in[1];
+    stdout_ = out[0];
+    address_ = read_line(10s);
+    REQUIRE_FALSE(address_.empty());
+  }
+  ~PeerProcess() {
+    if (stdin_ >= 0) close(stdin_);
+    if (stdout_ >= 0) close(stdout_);
+    if (pid_ > 0) {
+      // Closing stdin lets it exit; a test that already killed it reaps here.
+      int status = 0;
+      waitpid(pid_, &status, 0);
+    }
+  }
+  const std::string& address() const { return address_; }
+  void kill9() {
+    ::kill(pid_, SIGKILL);
+    int status = 0;
+    waitpid(pid_, &status, 0);
+    pid_ = -1;
+  }
+
+ private:
+  std::string read_line(std::chrono::milliseconds timeout) {
+    std::string line;
+    auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (std::chrono::steady_clock::now() < deadline) {
+      pollfd p{stdout_, POLLIN, 0};
+      int left = static_cast<int>(
+          std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now()).count());
+      if (poll(&p, 1, std::max(left, 1)) <= 0) continue;
+      char c;
+      if (read(stdout_, &c, 1) != 1) break;
+      if (c == '\n') return line;
+      line += c;
+    }
+    return {};
+  }
+  pid_t pid_ = -1;
+  int stdin_ = -1;
+  int stdout_ = -1;
+  std::string address_;
+};
+
+}  // namespace
+
+TEST_CASE("remote: tell and ask across runtimes behave like local ones", "[remote]") {
+  troupe::Runtime server(net());
+  troupe::Runtime client(net("test-token", ""));
+  auto service = server.spawn<Service>();
+  REQUIRE(server.publish("service", service).ok());
+  REQUIRE_FALSE(server.address().empty());
+  auto remote = client.resolve<Service>(server.address() + "/service");
+  REQUIRE(remote.has_value());
+  auto r = remote->ask(Echo{"hi"}).get();
+  REQUIRE(r.has_value());
+  CHECK(*r == "echo: hi");
+  // A handler failure on the other side arrives with its code and message.
+  auto boom = remote->ask(Boom{}).get();
+  REQUIRE_FALSE(boom.has_value());
+  CHECK(boom.error().code() == ErrorCode::handler_failed);
+  CHECK_THAT(boom.error().message(), Catch::Contains("remote boom"));
+  // The crash stopped the (unsupervised) service: later asks fail fast.
+  auto later = remote->ask(Echo{"again"}, 5s).get();
+  REQUIRE_FALSE(later.has_value());
+  CHECK(later.error().code() == ErrorCode::actor_dead);
+}
+
+TEST_CASE("remote: payloads from 0 bytes to 64 MiB arrive intact", "[remote]") {
+  troupe::Runtime server(net());
+  troupe::Runtime client(net("test-token", ""));
+  REQUIRE(server.publish("service", server.spawn<Service>()).ok());
+  auto remote = client.resolve<Service>(server.address() + "/service").value();
+  for (size_t size : {size_t{0}, size_t{1}, size_t{4096}, size_t{1} << 20, size_t{64} << 20}) {
+    std::vector<uint8_t> bytes(size);
+    uint64_t sum = 0;
+    for (size_t i = 0; i < size; ++i) {
+      bytes[i] = static_cast<uint8_t>(i * 31 + 7);
+      sum += bytes[i];
+    }
+    auto r = remote.ask(Sum{std::move(bytes)}, 60s).get();
+    REQUIRE(r.has_value());
+    CHECK(*r == sum);
+  }
+}
+
+TEST_CASE("remote: per-sender order holds for concurrent senders", "[remote]") {
+  troupe::Runtime server(net());
+  troupe::Runtime client(net("test-token", ""));
+  REQUIRE(server.publish("service", server.spawn<Service>()).ok());
+  auto remote = client.resolve<Service>(server.address() + "/service").value();
+  constexpr int kSenders = 4, kEach = 5000;
+  std::atomic<int> refused{0};
+  std::vector<std::thread> threads;
+  for (int s = 0; s < kSenders; ++s) {
+    threads.emplace_back([&, s] {
+      for (int n = 0; n < kEach; ++n) {
+        if (!remote.tell(Record{s, n}).ok()) refused.fetch_add(1);
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  REQUIRE(refused.load() == 0);
+  auto tally = remote.ask(Check{}, 60s).get();
+  REQUIRE(tally.has_value());
+  CHECK(tally->violations == 0);
+  CHECK(tally->received == kSenders * kEach);
+}
+
+TEST_CASE("remote: a message without a wire declaration is refused before it leaves", "[remote]") {
+  troupe::Runtime server(net());
+  troupe::Runtime client(net("test-token", ""));
+  REQUIRE(server.publish("service", server.spawn<Service>()).ok());
+  auto remote = client.resolve<Service>(server.address() + "/service").value();
+  auto r = remote.ask(Local{3}).get();
+  REQUIRE_FALSE(r.has_value());
+  CHECK(r.error().code() == ErrorCode::invalid_argument);
+  CHECK_THAT(r.error().message(), Catch::Contains("TROUPE_MESSAGE"));
+  // A registered type the remote actor does not handle: unknown_message.
+  auto any = client.resolve_any(server.address() + "/service").value();
+  auto stray = any.ask<int>(Stray{}).get();
+  REQUIRE_FALSE(stray.has_value());
+  CHECK(stray.error().code() == ErrorCode::unknown_message);
+  // An unpublished name: not_found.
+  auto missing = client.resolve_any(server.address() + "/nobody");
+  REQUIRE_FALSE(missing.has_value());
+  CHECK(missing.error().code() == ErrorCode::not_found);
+}
+
+TEST_CASE("remote: a wrong cluster token is refused with a clear error on both sides", "[remote]") {
+  troupe::Runtime server(net("right-token"));
+  troupe::Runtime client(net("wrong-token", ""));
+  REQUIRE(server.publish("service", server.spawn<Service>()).ok());
+  auto r = client.resolve_any(server.address() + "/service", 5s);
+  REQUIRE_FALSE(r.has_value());
+  CHECK(r.error().code() == ErrorCode::refused);
+  CHECK_THAT(r.error().message(), Catch::Contains("wrong cluster token"));
+}
+
+TEST_CASE("remote: monitors of a remote actor fire when it stops", "[remote]") {
+  troupe::Runtime server(net());
+  troupe::Runtime client(net("test-token", ""));
+  REQUIRE(server.publish("service", server.spawn<Service>()).ok());
+  auto remote = client.resolve<Service>(server.address() + "/service").value();
+  REQUIRE(remote.ask(Echo{"warm up"}).get().has_value());
+  auto down = client.monitor(remote, 10s);
+  REQUIRE(remote.tell(Quit{}).ok());
+  auto reason = down.get();
+  REQUIRE(reason.has_value());
+  CHECK(reason->kind == troupe::ExitReason::Kind::normal);
+}
+
+TEST_CASE("remote: kill -9 of the peer process fails pending asks with peer_lost within a second", "[remote]") {
+  PeerProcess peer;
+  troupe::Runtime client(net("test-token", ""));
+  auto remote = client.resolve<Service>(peer.address() + "/service");
+  REQUIRE(remote.has_value());
+  REQUIRE(remote->ask(Echo{"alive?"}).get().value() == "echo: alive?");
+  auto down = client.monitor(*remote, 10s);
+  auto pending = remote->ask(Nap{30'000}, 30s);  // would answer after 30 s
+  auto t0 = std::chrono::steady_clock::now();
+  peer.kill9();
+  auto r = pending.get();
+  auto waited = std::chrono::steady_clock::now() - t0;
+  REQUIRE_FALSE(r.has_value());
+  CHECK(r.error().code() == ErrorCode::peer_lost);
+  CHECK(waited < 1s);
+  auto reason = down.get();
+  REQUIRE(reason.has_value());
+  CHECK(reason->kind == troupe::ExitReason::Kind::killed);
+  CHECK_THAT(reason->message, Catch::Contains("lost the connection"));
+  // Later sends to the dead peer fail at once too.
+  auto after = remote->ask(Echo{"anyone?"}, 10s).get();
+  REQUIRE_FALSE(after.has_value());
+  CHECK((after.error().code() == ErrorCode::actor_dead || after.error().code() == ErrorCode::peer_lost));
+}
+
+TEST_CASE("remote: a separate process answers asks and refuses the wrong token", "[remote]") {
+  PeerProcess peer("process-token");
+  {
+    troupe::Runtime client(net("process-token", ""));
+    auto remote = client.resolve<Service>(peer.address() + "/service");
+    REQUIRE(remote.has_value());
+    CHECK(remote->ask(Echo{"from another process"}).get().value() == "echo: from another process");
+  }
+  troupe::Runtime intruder(net("not-the-token", ""));
+  auto r = intruder.resolve_any(peer.address() + "/service", 5s);
+  REQUIRE_FALSE(r.has_value());
+  CHECK(r.error().code() == ErrorCode::refused);
+}
