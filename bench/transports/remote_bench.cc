@@ -1,0 +1,204 @@
+// Cross-process benchmarks: an actor in this process asks one in another
+// process (a copy of this program started with --serve), over TCP loopback.
+// The raw floor is ucx_perftest on the same machine, same transport and
+// message size, run in the same invocation:
+//   ask round trip  vs 2 x ucp_am_lat one-way latency (UCX_TLS=tcp)
+//   tell throughput vs ucp_am_bw message rate (UCX_TLS=tcp)
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <iostream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "../common/report.h"
+#include "../common/sampler.h"
+#include "troupe/troupe.h"
+
+using namespace std::chrono_literals;
+using troupe::bench::emit;
+using troupe::bench::quantile;
+
+namespace {
+
+struct Blob {
+  std::string data;
+  TROUPE_MESSAGE(Blob, data);
+};
+struct Tick {
+  std::string data;
+  TROUPE_MESSAGE(Tick, data);
+};
+struct Total {
+  TROUPE_MESSAGE(Total);
+};
+
+class Echo : public troupe::Actor<Echo, Blob, Tick, Total> {
+ public:
+  std::string handle(Blob&& b) { return std::move(b.data); }
+  void handle(const Tick&) { ++ticks_; }
+  int64_t handle(const Total&) { return ticks_; }
+
+ private:
+  int64_t ticks_ = 0;
+};
+
+class Pinger : public troupe::bench::Sampler<Pinger, Echo> {
+ public:
+  explicit Pinger(size_t size) : payload_(size, 'p') {}
+  void next() {
+    loop_.next([this] {
+      ask(to_, Blob{payload_}).then([this](troupe::Result<std::string> r) {
+        if (!r) throw std::runtime_error("remote bench: " + r.error().to_string());
+        loop_.record();
+        next();
+      });
+    });
+  }
+
+ private:
+  std::string payload_;
+};
+
+size_t threads_from_env() {
+  const char* t = std::getenv("BENCH_THREADS");
+  return t ? std::strtoul(t, nullptr, 10) : 0;
+}
+
+int serve(const std::string& token) {
+  troupe::RuntimeConfig cfg;
+  cfg.listen = "tcp://127.0.0.1:0";
+  cfg.cluster_token = token;
+  cfg.log_level = "warn";
+  cfg.threads = threads_from_env();
+  troupe::Runtime rt(cfg);
+  auto s = rt.publish("echo", rt.spawn<Echo>());
+  if (!s.ok()) return std::fprintf(stderr, "serve: %s\n", s.to_string().c_str()), 1;
+  std::printf("%s\n", rt.address().c_str());
+  std::fflush(stdout);
+  std::string line;
+  while (std::getline(std::cin, line)) {
+  }
+  return 0;
+}
+
+/// The server process: a copy of this program with --serve.
+struct Server {
+  pid_t pid = -1;
+  int in = -1;
+  std::string address;
+  explicit Server(const std::string& token) {
+    int to[2], from[2];
+    if (pipe(to) != 0 || pipe(from) != 0) std::abort();
+    pid = fork();
+    if (pid == 0) {
+      dup2(to[0], 0);
+      dup2(from[1], 1);
+      execl("/proc/self/exe", "remote_bench", "--serve", token.c_str(), static_cast<char*>(nullptr));
+      _exit(127);
+    }
+    close(to[0]);
+    close(from[1]);
+    in = to[1];
+    char c;
+    while (read(from[0], &c, 1) == 1 && c != '\n') address += c;
+    close(from[0]);
+  }
+  ~Server() {
+    close(in);
+    int status;
+    waitpid(pid, &status, 0);
+  }
+};
+
+/// Runs ucx_perftest (server + client) and returns the client's "Final:"
+/// numbers: {p50 latency us, average latency us, message rate}.
+struct PerfResult {
+  bool ok = false;
+  double p50_us = 0, avg_us = 0, msg_rate = 0;
+};
+PerfResult ucx_perftest(const std::string& tls, const std::string& test, size_t size, int iters, int port) {
+  std::string env = "UCX_TLS=" + tls + " UCX_MM_ERROR_HANDLING=y ";
+  std::string server = env + "timeout 120 ucx_perftest -p " + std::to_string(port) + " >/dev/null 2>&1 &";
+  if (std::system(server.c_str()) != 0) return {};
+  std::string client = env + "timeout 120 ucx_perftest 127.0.0.1 -p " + std::to_string(port) + " -t " + test +
+                       " -s " + std::to_string(size) + " -n " + std::to_string(iters) + " 2>&1";
+  // The server needs a moment to listen; the client exits at once if it is
+  // not there yet, so retry a bounded number of times.
+  for (int attempt = 0; attempt < 50; ++attempt) {
+    FILE* p = popen(client.c_str(), "r");
+    if (!p) return {};
+    char line[512];
+    PerfResult r;
+    while (std::fgets(line, sizeof(line), p)) {
+      double iters_done, p50, avg, overall, bw_avg, bw_all, rate_avg, rate_all;
+      if (std::sscanf(line, "Final: %lf %lf %lf %lf %lf %lf %lf %lf", &iters_done, &p50, &avg, &overall, &bw_avg,
+                      &bw_all, &rate_avg, &rate_all) == 8) {
+        r = {true, p50, avg, rate_all};
+      }
+    }
+    pclose(p);
+    if (r.ok) return r;
+    std::this_thread::sleep_for(50ms);
+  }
+  return {};
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc >= 3 && std::string(argv[1]) == "--serve") return serve(argv[2]);
+  bool quick = troupe::bench::quick(argc, argv);
+  const std::string token = "bench-token";
+  Server server(token);
+  if (server.address.empty()) return std::fprintf(stderr, "remote_bench: the server did not start\n"), 1;
+
+  troupe::RuntimeConfig cfg;
+  cfg.cluster_token = token;
+  cfg.log_level = "warn";
+  cfg.threads = threads_from_env();
+  troupe::Runtime rt(cfg);
+  auto echo = rt.resolve<Echo>(server.address + "/echo");
+  if (!echo) return std::fprintf(stderr, "remote_bench: %s\n", echo.error().to_string().c_str()), 1;
+
+  int port = 20000 + static_cast<int>(getpid() % 20000);
+  for (size_t size : {size_t{8}, size_t{4096}}) {
+    int n = quick ? 2000 : 20000;
+    auto pinger = rt.spawn<Pinger>(size);
+    auto samples = pinger.ask(troupe::bench::RunSamples<Echo>{*echo, n}, 600s).get();
+    if (!samples) return std::fprintf(stderr, "remote_bench: %s\n", samples.error().to_string().c_str()), 1;
+    double p50 = quantile(*samples, 0.5), p99 = quantile(*samples, 0.99);
+    auto raw = ucx_perftest("tcp", "ucp_am_lat", size, n, port++);
+    double raw_rtt = raw.ok ? 2 * raw.p50_us : 0;
+    std::string name = "remote.ask_rtt_tcp_" + std::to_string(size) + "B";
+    emit(name, "p50", p50, "us", "ucx_perftest ucp_am_lat UCX_TLS=tcp, 2 x one-way p50", raw_rtt, "ratio <= 2");
+    emit(name, "p99", p99, "us", "ucx_perftest ucp_am_lat UCX_TLS=tcp, 2 x one-way p50", raw_rtt, "report");
+
+    int64_t count = quick ? 50'000 : 500'000;
+    if (size > 8) count /= 4;
+    auto before = echo->ask(Total{}).get().value_or(0);
+    std::string payload(size, 't');
+    auto t0 = std::chrono::steady_clock::now();
+    for (int64_t i = 0; i < count; ++i) {
+      while (echo->tell(Tick{payload}).code() == troupe::ErrorCode::mailbox_full) std::this_thread::sleep_for(20us);
+    }
+    auto after = echo->ask(Total{}, 600s).get().value_or(0);
+    double secs = troupe::bench::seconds_since(t0);
+    if (after - before != count) std::fprintf(stderr, "remote_bench: %lld ticks lost\n", (long long)(count - (after - before)));
+    auto raw_bw = ucx_perftest("tcp", "ucp_am_bw", size, static_cast<int>(count), port++);
+    emit("remote.tell_throughput_tcp_" + std::to_string(size) + "B", "messages_per_s", count / secs, "msg/s",
+         "ucx_perftest ucp_am_bw UCX_TLS=tcp message rate", raw_bw.ok ? raw_bw.msg_rate : 0,
+         size == 8 ? "report (1M/s is the shared-memory target)" : "report");
+  }
+  auto shm = ucx_perftest("sm,self", "ucp_am_lat", 8, quick ? 2000 : 20000, port++);
+  std::printf("{\"bench\": \"remote.raw_floor\", \"metric\": \"ucp_am_lat_shm_8B_one_way_p50\", \"value\": %.4g, "
+              "\"unit\": \"us\", \"note\": \"troupe's UCX transport is not built yet; this is the floor it will be held to\"}\n",
+              shm.p50_us);
+  return 0;
+}
