@@ -84,3 +84,36 @@ class Service : public Actor<Service, Echo, Sum, Record, Check, Nap, Boom, Quit,
 };
 
 }  // namespace troupe::test
+
+namespace troupe::test {
+
+struct Notify {
+  std::string what;
+  TROUPE_MESSAGE(Notify, what);
+};
+
+/// Remembers who subscribed and tells them; answers with the ref it was given.
+struct Subscribe {
+  AnyRef who;
+  TROUPE_MESSAGE(Subscribe, who);
+};
+struct Publish {
+  std::string what;
+  TROUPE_MESSAGE(Publish, what);
+};
+class Hub : public Actor<Hub, Subscribe, Publish> {
+ public:
+  AnyRef handle(const Subscribe& s) {
+    subscribers_.push_back(s.who);
+    return s.who;
+  }
+  int handle(const Publish& p) {
+    for (auto& s : subscribers_) (void)s.tell(Notify{p.what});
+    return static_cast<int>(subscribers_.size());
+  }
+
+ private:
+  std::vector<AnyRef> subscribers_;
+};
+
+}  // namespace troupe::test

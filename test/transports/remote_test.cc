@@ -16,6 +16,7 @@
 
 #include <catch2/catch.hpp>
 
+#include "support/journal.h"
 #include "support/remote_actors.h"
 
 using namespace std::chrono_literals;
@@ -240,4 +241,34 @@ TEST_CASE("remote: a separate process answers asks and refuses the wrong token",
   auto r = intruder.resolve_any(peer.address() + "/service", 5s);
   REQUIRE_FALSE(r.has_value());
   CHECK(r.error().code() == ErrorCode::refused);
+}
+
+namespace {
+class JournalListener : public troupe::Actor<JournalListener, Notify> {
+ public:
+  explicit JournalListener(troupe::test::JournalPtr j) : j_(std::move(j)) {}
+  void handle(const Notify& n) { j_->add(n.what); }
+
+ private:
+  troupe::test::JournalPtr j_;
+};
+}  // namespace
+
+TEST_CASE("remote: refs inside messages stay usable across the boundary, and come home as local refs", "[remote]") {
+  troupe::Runtime server(net());
+  troupe::Runtime client(net());  // listens too: the server calls back
+  REQUIRE(server.publish("hub", server.spawn<Hub>()).ok());
+  auto hub = client.resolve<Hub>(server.address() + "/hub").value();
+  auto journal = std::make_shared<troupe::test::Journal>();
+  troupe::AnyRef listener = client.spawn<JournalListener>(journal);
+  auto echoed = hub.ask(Subscribe{listener}).get();
+  REQUIRE(echoed.has_value());
+  // The ref went out and came back: it is the same local actor again.
+  CHECK(*echoed == listener);
+  REQUIRE(hub.ask(Publish{"first"}).get().value() == 1);
+  REQUIRE(hub.ask(Publish{"second"}).get().value() == 1);
+  // The hub reaches the listener through a proxy on its side, over the
+  // connection it dials to this runtime.
+  REQUIRE(journal->wait_size(2));
+  CHECK(journal->lines() == std::vector<std::string>{"first", "second"});
 }

@@ -147,6 +147,37 @@ class ActorRef {
   detail::CellPtr cell_;
 };
 
+namespace detail {
+/// Writes a ref for the wire: its node's address and its id there (local
+/// actors are exported so that the peer can reach them).
+void encode_ref(codec::Writer& w, CellControl* cell);
+/// Reads a ref written by encode_ref: a local cell, a proxy, or empty.
+bool decode_ref(codec::Reader& r, CellPtr* out);
+}  // namespace detail
+
+namespace codec {
+template <>
+struct Codec<AnyRef> {
+  static void write(Writer& w, const AnyRef& r) { detail::encode_ref(w, r.cell()); }
+  static bool read(Reader& r, AnyRef& out) {
+    detail::CellPtr cell;
+    if (!detail::decode_ref(r, &cell)) return false;
+    out = AnyRef(std::move(cell));
+    return true;
+  }
+};
+template <class A>
+struct Codec<ActorRef<A>> {
+  static void write(Writer& w, const ActorRef<A>& r) { detail::encode_ref(w, r.cell()); }
+  static bool read(Reader& r, ActorRef<A>& out) {
+    detail::CellPtr cell;
+    if (!detail::decode_ref(r, &cell)) return false;
+    out = ActorRef<A>(std::move(cell));
+    return true;
+  }
+};
+}  // namespace codec
+
 }  // namespace troupe
 
 template <class A>

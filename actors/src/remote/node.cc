@@ -51,6 +51,7 @@ class RemoteReply final : public ReplyBase {
  public:
   RemoteReply(std::weak_ptr<Node> node, transport::PeerId peer, uint64_t correlation)
       : ReplyBase(type_key<AnyRemoteReply>()), node_(std::move(node)), peer_(peer), correlation_(correlation) {}
+  void* codec_context() const override { return node_.lock().get(); }
   void fail(Status status) override {
     if (auto n = node_.lock()) n->send_error(peer_, correlation_, status);
   }
@@ -146,6 +147,73 @@ Result<std::string> resolve_cluster_token(const std::string& configured) {
   std::string stored;
   std::getline(in, stored);
   return stored.empty() ? token : stored;
+}
+
+namespace {
+thread_local void* tl_codec_node = nullptr;
+}  // namespace
+
+CodecScope::CodecScope(void* node) : prev_(tl_codec_node) { tl_codec_node = node; }
+CodecScope::~CodecScope() { tl_codec_node = prev_; }
+
+void encode_ref(codec::Writer& w, CellControl* cell) {
+  auto* node = static_cast<Node*>(tl_codec_node);
+  if (node == nullptr || cell == nullptr) {
+    codec::write(w, std::string());
+    codec::write(w, uint64_t{0});
+    return;
+  }
+  node->encode_ref(w, cell);
+}
+
+bool decode_ref(codec::Reader& r, CellPtr* out) {
+  auto* node = static_cast<Node*>(tl_codec_node);
+  std::string address;
+  uint64_t id = 0;
+  if (!codec::read(r, address) || !codec::read(r, id)) return false;
+  if (address.empty() || id == 0 || node == nullptr) {
+    *out = CellPtr();
+    return true;
+  }
+  std::string problem;
+  if (!node->ref_for(address, id, out, &problem)) return r.fail(problem);
+  return true;
+}
+
+void Node::encode_ref(codec::Writer& w, CellControl* cell) {
+  Cell* c = cell_of(cell);
+  if (c->is_remote()) {
+    codec::write(w, c->remote_address());
+    codec::write(w, c->remote_id());
+    return;
+  }
+  if (address_.empty()) {
+    TROUPE_LOG(warn, "event=ref_not_exported actor={} reason=\"this runtime does not listen; set "
+               "RuntimeConfig::listen so that peers can reach actors it sends\"", c->path());
+    codec::write(w, std::string());
+    codec::write(w, uint64_t{0});
+    return;
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    exports_.emplace(c->id(), caf::weak_actor_ptr(caf::actor_control_block::from(c)));
+  }
+  codec::write(w, address_);
+  codec::write(w, c->id());
+}
+
+bool Node::ref_for(const std::string& address, uint64_t id, CellPtr* out, std::string* problem) {
+  if (address == address_) {
+    *out = find_export(id);  // our own actor, back home: empty if it stopped
+    return true;
+  }
+  auto norm = normalize(address);
+  if (!norm) {
+    *problem = "actor ref with a bad address '" + address + "'";
+    return false;
+  }
+  *out = proxy_for(*norm, id);
+  return true;
 }
 
 Node::Node(RuntimeImpl* rt, NodeConfig config) : rt_(rt), config_(std::move(config)), node_id_(random_u64()) {}
@@ -354,7 +422,12 @@ Status Node::send_envelope(Cell* proxy, Envelope&& env) {
     return s;
   };
   std::string payload;
-  if (!env.box.encode(payload)) {
+  bool encoded;
+  {
+    CodecScope scope(this);
+    encoded = env.box.encode(payload);
+  }
+  if (!encoded) {
     return fail(Status(ErrorCode::invalid_argument,
                        "send: message type " + env.box.type_name() + " cannot go to another process (to " +
                            proxy->path() + "); declare it with TROUPE_MESSAGE(Type, fields...)"));
@@ -558,7 +631,12 @@ void Node::on_envelope(const std::shared_ptr<Peer>& peer, const wire::EnvelopeHe
       }
       MessageBox box;
       std::string problem;
-      if (!type->decode(payload, &box, &problem)) {
+      bool decoded;
+      {
+        CodecScope scope(this);
+        decoded = type->decode(payload, &box, &problem);
+      }
+      if (!decoded) {
         refuse(ErrorCode::malformed, "message " + type->name + " could not be decoded: " + problem);
         return;
       }
@@ -585,6 +663,7 @@ void Node::on_envelope(const std::shared_ptr<Peer>& peer, const wire::EnvelopeHe
       }
       if (!r) return;
       if (h.kind == wire::EnvelopeKind::reply) {
+        CodecScope scope(this);
         r->complete_bytes(payload);
       } else {
         auto code = static_cast<ErrorCode>(h.error_code);

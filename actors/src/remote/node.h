@@ -72,6 +72,12 @@ class Node : public std::enable_shared_from_this<Node> {
   /// Sends an envelope to the remote actor behind `proxy` (any thread).
   Status send_envelope(Cell* proxy, Envelope&& env);
 
+  /// Ref encoding (codec): export a local cell / resolve an address + id.
+  void encode_ref(codec::Writer& w, CellControl* cell);
+  /// The cell for actor `id` at `address`: local when it is this node's,
+  /// else a proxy. False (with `error` set) for a bad address.
+  bool ref_for(const std::string& address, uint64_t id, CellPtr* out, std::string* error);
+
   // Internal, used by RemoteReply.
   void send_reply(transport::PeerId peer, uint64_t correlation, std::string bytes);
   void send_error(transport::PeerId peer, uint64_t correlation, const Status& status);

@@ -210,6 +210,9 @@ class ReplyBase {
   virtual void fail(Status status) = 0;
   /// Completes the ask with an encoded reply (from another process).
   virtual void complete_bytes(std::string_view bytes) = 0;
+  /// For replies bound for another process: the network node whose context
+  /// encodes refs inside the reply (see codec_scope()).
+  virtual void* codec_context() const { return nullptr; }
 
   void add_ref() noexcept { refs_.fetch_add(1, std::memory_order_relaxed); }
   void release() noexcept {
@@ -280,11 +283,25 @@ class ReplyRef {
   ReplyBase* p_ = nullptr;
 };
 
+/// Makes `node` the context for encoding and decoding actor refs on this
+/// thread for the scope (refs are written as the node address plus an id).
+class CodecScope {
+ public:
+  explicit CodecScope(void* node);
+  ~CodecScope();
+  CodecScope(const CodecScope&) = delete;
+  CodecScope& operator=(const CodecScope&) = delete;
+
+ private:
+  void* prev_;
+};
+
 /// Completes a reply bound for another process with an encoded value.
 template <class R, class V>
 void complete_remote_reply(ReplyRef& r, V&& value) {
   if constexpr (codec::Codable<std::remove_cvref_t<R>>) {
     std::string bytes;
+    CodecScope scope(r->codec_context());
     codec::Writer w(bytes);
     codec::write(w, value);
     r->complete_bytes(bytes);
