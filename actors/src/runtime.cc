@@ -302,6 +302,44 @@ size_t Runtime::live_actors() const { return impl_->live(); }
 
 std::string Runtime::address() const { return impl_->address(); }
 
+Result<BufferRegistration> Runtime::register_buffer(void* data, size_t size) {
+  auto node = impl_->node();
+  if (!node) return error(node.error());
+  auto handle = (*node)->register_region(data, size);
+  if (!handle) return error(handle.error());
+  return BufferRegistration(std::move(*handle));
+}
+
+Future<void> RemoteBuffer::read_into(void* dst, size_t n, uint64_t offset, std::chrono::milliseconds timeout) const {
+  if (!node_) {
+    auto* st = new detail::FutureState<void>();
+    detail::ReplyRef r(st);
+    st->complete(Result<void>(error(ErrorCode::invalid_argument,
+                                    "remote buffer: this handle is not bound to a runtime (default-built?)")));
+    return Future<void>(r, std::chrono::milliseconds(0));
+  }
+  if (timeout.count() < 0) timeout = std::chrono::milliseconds(30'000);
+  return node_->region_op(*this, dst, n, offset, false, timeout);
+}
+
+Future<void> RemoteBuffer::write_from(const void* src, size_t n, uint64_t offset,
+                                      std::chrono::milliseconds timeout) const {
+  if (!node_) {
+    auto* st = new detail::FutureState<void>();
+    detail::ReplyRef r(st);
+    st->complete(Result<void>(error(ErrorCode::invalid_argument,
+                                    "remote buffer: this handle is not bound to a runtime (default-built?)")));
+    return Future<void>(r, std::chrono::milliseconds(0));
+  }
+  if (timeout.count() < 0) timeout = std::chrono::milliseconds(30'000);
+  return node_->region_op(*this, const_cast<void*>(src), n, offset, true, timeout);
+}
+
+void BufferRegistration::reset() {
+  if (handle_ && handle_.node_) handle_.node_->deregister_region(handle_.region());
+  handle_ = RemoteBuffer();
+}
+
 Status Runtime::publish(const std::string& name, const AnyRef& actor) {
   if (!actor) return Status(ErrorCode::invalid_argument, "publish: empty reference");
   auto node = impl_->node();

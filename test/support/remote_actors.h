@@ -117,3 +117,23 @@ class Hub : public Actor<Hub, Subscribe, Publish> {
 };
 
 }  // namespace troupe::test
+
+namespace troupe::test {
+
+/// Hands out the handle of a buffer registered by its process.
+struct GetBuffer {
+  TROUPE_MESSAGE(GetBuffer);
+};
+class BufferKeeper : public Actor<BufferKeeper, GetBuffer> {
+ public:
+  explicit BufferKeeper(RemoteBuffer handle) : handle_(std::move(handle)) {}
+  RemoteBuffer handle(const GetBuffer&) { return handle_; }
+
+ private:
+  RemoteBuffer handle_;
+};
+
+/// The byte at position i of the test buffers.
+inline uint8_t pattern(size_t i) { return static_cast<uint8_t>((i * 131) ^ (i >> 7)); }
+
+}  // namespace troupe::test

@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <iostream>
 #include <string>
+#include <vector>
 
 #include "support/remote_actors.h"
 
@@ -15,6 +16,13 @@ int main(int argc, char** argv) {
   auto service = rt.spawn<troupe::test::Service>();
   if (auto s = rt.publish("service", service); !s.ok()) {
     std::fprintf(stderr, "peer: %s\n", s.to_string().c_str());
+    return 1;
+  }
+  std::vector<uint8_t> data(4 << 20);
+  for (size_t i = 0; i < data.size(); ++i) data[i] = troupe::test::pattern(i);
+  auto reg = rt.register_buffer(data.data(), data.size());
+  if (!reg || !rt.publish("buffers", rt.spawn<troupe::test::BufferKeeper>(reg->handle())).ok()) {
+    std::fprintf(stderr, "peer: cannot register the buffer\n");
     return 1;
   }
   std::printf("%s\n", rt.address().c_str());

@@ -272,3 +272,17 @@ TEST_CASE("remote: refs inside messages stay usable across the boundary, and com
   REQUIRE(journal->wait_size(2));
   CHECK(journal->lines() == std::vector<std::string>{"first", "second"});
 }
+
+TEST_CASE("remote buffer: reading from a process killed with -9 fails with peer_lost", "[remote][buffer]") {
+  PeerProcess peer;
+  troupe::Runtime client(net("test-token", ""));
+  auto keeper = client.resolve<BufferKeeper>(peer.address() + "/buffers").value();
+  auto handle = keeper.ask(GetBuffer{}).get().value();
+  std::vector<uint8_t> local(handle.size());
+  REQUIRE(handle.read_into(local.data(), local.size()).get().has_value());
+  for (size_t i = 0; i < local.size(); i += 4093) REQUIRE(local[i] == pattern(i));
+  peer.kill9();
+  auto r = handle.read_into(local.data(), local.size(), 0, 10s).get();
+  REQUIRE_FALSE(r.has_value());
+  CHECK((r.error().code() == ErrorCode::peer_lost || r.error().code() == ErrorCode::actor_dead));
+}

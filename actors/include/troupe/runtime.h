@@ -15,6 +15,7 @@
 #include "troupe/detail/spawn.h"
 #include "troupe/exit_reason.h"
 #include "troupe/future.h"
+#include "troupe/remote_buffer.h"
 #include "troupe/status.h"
 #include "troupe/supervisor.h"
 
@@ -104,6 +105,10 @@ class Runtime {
   /// ("tcp://host:port/NAME" or "troupe://host:port/NAME"). Messages to it
   /// must be declared with TROUPE_MESSAGE. Blocks up to `timeout`.
   Result<AnyRef> resolve_any(const std::string& uri, std::chrono::milliseconds timeout = kDefaultTimeout);
+  /// Registers `size` bytes at `data` for reads and writes by other
+  /// processes through the registration's handle (see remote_buffer.h).
+  /// The memory must outlive the registration.
+  Result<BufferRegistration> register_buffer(void* data, size_t size);
   /// Like resolve_any(), typed. The remote actor's class is not checked: a
   /// message it does not handle fails with unknown_message.
   template <class A>

@@ -7,6 +7,7 @@
 #include "troupe/exit_reason.h"  // IWYU pragma: export
 #include "troupe/future.h"       // IWYU pragma: export
 #include "troupe/message.h"      // IWYU pragma: export
+#include "troupe/remote_buffer.h" // IWYU pragma: export
 #include "troupe/runtime.h"      // IWYU pragma: export
 #include "troupe/status.h"       // IWYU pragma: export
 #include "troupe/supervisor.h"   // IWYU pragma: export

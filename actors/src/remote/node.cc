@@ -154,6 +154,11 @@ thread_local void* tl_codec_node = nullptr;
 }  // namespace
 
 CodecScope::CodecScope(void* node) : prev_(tl_codec_node) { tl_codec_node = node; }
+
+std::shared_ptr<Node> codec_node() {
+  auto* node = static_cast<Node*>(tl_codec_node);
+  return node ? node->shared_from_this() : nullptr;
+}
 CodecScope::~CodecScope() { tl_codec_node = prev_; }
 
 void encode_ref(codec::Writer& w, CellControl* cell) {
@@ -598,6 +603,50 @@ void Node::on_frame(transport::PeerId id, transport::InFrame frame) {
             ExitReason r{static_cast<ExitReason::Kind>(std::min<uint8_t>(m.reason_kind, 3)), m.reason};
             send_command(reinterpret_cast<CellControl*>(proxy.get()), Command{Command::Kind::remote_down, CellPtr(), r});
           }
+        } else if constexpr (std::is_same_v<T, wire::RegionRequest>) {
+          std::string error_text;
+          std::string bytes;
+          {
+            std::lock_guard<std::mutex> lock(mu_);
+            auto it = regions_.find(m.region);
+            if (it == regions_.end()) {
+              error_text = "remote buffer: region " + std::to_string(m.region) + " on " + address_ +
+                           " is not registered (deregistered, or its owner restarted)";
+            } else if (m.offset > it->second.size || m.length > it->second.size - m.offset) {
+              error_text = "remote buffer: bytes [" + std::to_string(m.offset) + ", " +
+                           std::to_string(m.offset + m.length) + ") are outside the region of " +
+                           std::to_string(it->second.size) + " bytes";
+            } else if (m.write) {
+              if (frame.payload.size() != m.length) {
+                error_text = "remote buffer: write of " + std::to_string(m.length) + " bytes carried " +
+                             std::to_string(frame.payload.size());
+              } else {
+                std::memcpy(it->second.data + m.offset, frame.payload.data(), m.length);
+              }
+            } else {
+              bytes.assign(reinterpret_cast<const char*>(it->second.data + m.offset), m.length);
+            }
+          }
+          (void)send_frame(*peer, wire::RegionResponse{m.correlation, error_text}, std::move(bytes));
+        } else if constexpr (std::is_same_v<T, wire::RegionResponse>) {
+          PendingRegionOp op;
+          {
+            std::lock_guard<std::mutex> lock(mu_);
+            auto it = region_ops_.find(m.correlation);
+            if (it == region_ops_.end()) return;  // timed out and forgotten
+            op = std::move(it->second);
+            region_ops_.erase(it);
+          }
+          auto* st = static_cast<FutureState<void>*>(op.reply.get());
+          if (!m.error.empty()) {
+            st->complete(Result<void>(error(ErrorCode::not_found, m.error)));
+          } else if (op.dst != nullptr && frame.payload.size() != op.n) {
+            st->complete(Result<void>(error(ErrorCode::malformed, "remote buffer: read of " + std::to_string(op.n) +
+                                                                      " bytes got " + std::to_string(frame.payload.size()))));
+          } else {
+            if (op.dst != nullptr && op.n != 0) std::memcpy(op.dst, frame.payload.data(), op.n);
+            st->complete(Result<void>());
+          }
         } else if constexpr (std::is_same_v<T, wire::Goodbye>) {
           peer->leaving = true;
           transport_->close(id, "the peer left (" + m.reason + ")");
@@ -724,10 +773,92 @@ void Node::on_lost(transport::PeerId id, Status why) {
   }
   for (auto& [corr, r] : asks) r->fail(status);
   for (auto& r : resolves) r->fail(status);
+  std::vector<ReplyRef> region_ops;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto it = region_ops_.begin(); it != region_ops_.end();) {
+      if (it->second.address == peer->address) {
+        region_ops.push_back(std::move(it->second.reply));
+        it = region_ops_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  for (auto& r : region_ops) r->fail(status);
   for (auto& p : proxies) {
     send_command(reinterpret_cast<CellControl*>(p.get()),
                  Command{Command::Kind::remote_down, CellPtr(), ExitReason::killed(status.message())});
   }
+}
+
+Result<RemoteBuffer> Node::register_region(void* data, size_t size) {
+  if (data == nullptr && size != 0) return error(ErrorCode::invalid_argument, "register_buffer: null data");
+  uint64_t id = next_region_.fetch_add(1);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    regions_[id] = Region{static_cast<std::byte*>(data), size};
+  }
+  return RemoteBuffer(address_, id, size, shared_from_this());
+}
+
+void Node::deregister_region(uint64_t region) {
+  std::lock_guard<std::mutex> lock(mu_);
+  regions_.erase(region);
+}
+
+Future<void> Node::region_op(const RemoteBuffer& buffer, void* ptr, size_t n, uint64_t offset, bool write,
+                             std::chrono::milliseconds timeout) {
+  auto* state = new FutureState<void>();
+  ReplyRef reply(state);
+  Future<void> future(reply, timeout);
+  auto fail = [&](ErrorCode code, std::string why) { state->complete(Result<void>(error(code, std::move(why)))); };
+  if (offset > buffer.size() || n > buffer.size() - offset) {
+    fail(ErrorCode::invalid_argument, "remote buffer: bytes [" + std::to_string(offset) + ", " +
+                                          std::to_string(offset + n) + ") are outside the region of " +
+                                          std::to_string(buffer.size()) + " bytes");
+    return future;
+  }
+  if (buffer.owner() == address_) {
+    // Our own region: a local copy.
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = regions_.find(buffer.region());
+    if (it == regions_.end()) {
+      fail(ErrorCode::not_found, "remote buffer: region " + std::to_string(buffer.region()) + " is not registered");
+    } else {
+      if (write) {
+        std::memcpy(it->second.data + offset, ptr, n);
+      } else {
+        std::memcpy(ptr, it->second.data + offset, n);
+      }
+      state->complete(Result<void>());
+    }
+    return future;
+  }
+  if (buffer.owner().empty()) {
+    fail(ErrorCode::invalid_argument, "remote buffer: its owner does not listen (set RuntimeConfig::listen there)");
+    return future;
+  }
+  auto norm = normalize(buffer.owner());
+  Status why;
+  auto peer = norm ? peer_for(*norm, &why) : nullptr;
+  if (!peer) {
+    fail(norm ? why.code() : ErrorCode::invalid_argument, norm ? why.message() : norm.error().message());
+    return future;
+  }
+  uint64_t corr = next_correlation_.fetch_add(1);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    region_ops_[corr] = PendingRegionOp{reply, write ? nullptr : ptr, n, *norm};
+  }
+  std::string payload;
+  if (write) payload.assign(static_cast<const char*>(ptr), n);
+  Status s = send_frame(*peer, wire::RegionRequest{corr, buffer.region(), offset, n, write}, std::move(payload));
+  if (!s.ok()) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (region_ops_.erase(corr)) fail(s.code(), s.message());
+  }
+  return future;
 }
 
 void Node::heartbeat_loop() {

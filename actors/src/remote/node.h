@@ -19,6 +19,7 @@
 
 #include "transport.h"
 #include "troupe/detail/message.h"
+#include "troupe/remote_buffer.h"
 #include "troupe/status.h"
 
 namespace troupe::detail {
@@ -71,6 +72,12 @@ class Node : public std::enable_shared_from_this<Node> {
 
   /// Sends an envelope to the remote actor behind `proxy` (any thread).
   Status send_envelope(Cell* proxy, Envelope&& env);
+
+  /// Remote buffers: registration, and reads/writes from any thread.
+  Result<RemoteBuffer> register_region(void* data, size_t size);
+  void deregister_region(uint64_t region);
+  Future<void> region_op(const RemoteBuffer& buffer, void* ptr, size_t n, uint64_t offset, bool write,
+                         std::chrono::milliseconds timeout);
 
   /// Ref encoding (codec): export a local cell / resolve an address + id.
   void encode_ref(codec::Writer& w, CellControl* cell);
@@ -129,6 +136,19 @@ class Node : public std::enable_shared_from_this<Node> {
   std::unordered_map<std::string, uint64_t> names_;
   std::map<std::pair<std::string, uint64_t>, caf::weak_actor_ptr> proxies_;
   std::unordered_map<uint64_t, PendingResolve> resolves_;
+  struct Region {
+    std::byte* data;
+    size_t size;
+  };
+  std::unordered_map<uint64_t, Region> regions_;
+  std::atomic<uint64_t> next_region_{1};
+  struct PendingRegionOp {
+    ReplyRef reply;  // FutureState<void>
+    void* dst;       // reads copy here
+    size_t n;
+    std::string address;
+  };
+  std::unordered_map<uint64_t, PendingRegionOp> region_ops_;
   std::atomic<uint64_t> next_correlation_{1};
 
   std::mutex hb_mu_;

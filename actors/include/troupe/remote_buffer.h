@@ -1,0 +1,117 @@
+// Remote buffers (Monarch's RDMABuffer): register a memory region, send its
+// handle inside any message, and read or write it from another process.
+//
+//   auto reg = rt.register_buffer(weights.data(), weights.size());   // owner
+//   worker.tell(Load{reg->handle()});
+//   ...
+//   Status s = to_status(msg.buffer.read_into(local.data(), local.size()).get());   // elsewhere
+//
+// Over TCP the runtime emulates one-sided access with request/response frames
+// (the owner's transport thread copies); the UCX transport will do RMA with
+// the same API. Inside an actor, use the Future's then-free form only from a
+// helper thread, or read from the actor that owns the data.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "troupe/actor_ref.h"
+#include "troupe/codec.h"
+#include "troupe/future.h"
+#include "troupe/status.h"
+
+namespace troupe {
+
+namespace detail {
+class Node;
+}
+
+/// A handle to a registered region of another (or this) process. Cheap to
+/// copy; valid while the owner keeps the registration.
+class RemoteBuffer {
+ public:
+  RemoteBuffer() = default;
+
+  /// Bytes in the region.
+  uint64_t size() const { return size_; }
+  /// The owner's network address.
+  const std::string& owner() const { return owner_; }
+  /// True for a handle that names a region.
+  explicit operator bool() const { return region_ != 0; }
+
+  /// Copies `n` bytes at `offset` of the region into `dst`. `dst` must stay
+  /// valid until the future completes.
+  Future<void> read_into(void* dst, size_t n, uint64_t offset = 0,
+                         std::chrono::milliseconds timeout = kDefaultTimeout) const;
+  /// Copies `n` bytes from `src` to `offset` of the region. `src` must stay
+  /// valid until the future completes.
+  Future<void> write_from(const void* src, size_t n, uint64_t offset = 0,
+                          std::chrono::milliseconds timeout = kDefaultTimeout) const;
+
+  /// Internal.
+  RemoteBuffer(std::string owner, uint64_t region, uint64_t size, std::shared_ptr<detail::Node> node)
+      : owner_(std::move(owner)), region_(region), size_(size), node_(std::move(node)) {}
+  uint64_t region() const { return region_; }
+
+ private:
+  friend struct codec::Codec<RemoteBuffer>;
+  friend class BufferRegistration;
+  std::string owner_;
+  uint64_t region_ = 0;
+  uint64_t size_ = 0;
+  std::shared_ptr<detail::Node> node_;  // the node that serves reads and writes
+};
+
+/// Owns a registration: the region is readable and writable through its
+/// handles until this is destroyed (then they fail with not_found).
+class BufferRegistration {
+ public:
+  BufferRegistration() = default;
+  BufferRegistration(BufferRegistration&& o) noexcept : handle_(std::move(o.handle_)) { o.handle_ = {}; }
+  BufferRegistration& operator=(BufferRegistration&& o) noexcept {
+    if (this != &o) {
+      reset();
+      handle_ = std::move(o.handle_);
+      o.handle_ = {};
+    }
+    return *this;
+  }
+  ~BufferRegistration() { reset(); }
+
+  /// The handle to put in messages.
+  const RemoteBuffer& handle() const { return handle_; }
+  /// Ends the registration early.
+  void reset();
+
+  /// Internal.
+  explicit BufferRegistration(RemoteBuffer handle) : handle_(std::move(handle)) {}
+
+ private:
+  RemoteBuffer handle_;
+};
+
+namespace detail {
+/// Binds a decoded handle to the node decoding it (see CodecScope).
+std::shared_ptr<Node> codec_node();
+}  // namespace detail
+
+namespace codec {
+template <>
+struct Codec<RemoteBuffer> {
+  static void write(Writer& w, const RemoteBuffer& b) {
+    codec::write(w, b.owner_);
+    codec::write(w, b.region_);
+    codec::write(w, b.size_);
+  }
+  static bool read(Reader& r, RemoteBuffer& b) {
+    if (!codec::read(r, b.owner_) || !codec::read(r, b.region_) || !codec::read(r, b.size_)) return false;
+    b.node_ = detail::codec_node();
+    return true;
+  }
+};
+}  // namespace codec
+
+}  // namespace troupe

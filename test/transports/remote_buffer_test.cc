@@ -1,0 +1,76 @@
+// Remote buffers: a handle sent in a message reads and writes the owner's
+// memory; bounds, deregistration and a dead owner are clear errors.
+#include <chrono>
+#include <cstring>
+#include <numeric>
+#include <vector>
+
+#include <catch2/catch.hpp>
+
+#include "support/remote_actors.h"
+
+using namespace std::chrono_literals;
+using namespace troupe::test;
+using troupe::ErrorCode;
+
+namespace {
+troupe::RuntimeConfig net() {
+  troupe::RuntimeConfig cfg;
+  cfg.listen = "tcp://127.0.0.1:0";
+  cfg.cluster_token = "test-token";
+  cfg.log_level = "warn";
+  return cfg;
+}
+}  // namespace
+
+TEST_CASE("remote buffer: read and write another process's memory through a handle in a message", "[remote][buffer]") {
+  troupe::Runtime owner(net());
+  troupe::Runtime user(net());
+  std::vector<uint8_t> data(16 << 20);
+  for (size_t i = 0; i < data.size(); ++i) data[i] = pattern(i);
+  auto reg = owner.register_buffer(data.data(), data.size());
+  REQUIRE(reg.has_value());
+  REQUIRE(owner.publish("buffers", owner.spawn<BufferKeeper>(reg->handle())).ok());
+  auto keeper = user.resolve<BufferKeeper>(owner.address() + "/buffers").value();
+  auto handle = keeper.ask(GetBuffer{}).get();
+  REQUIRE(handle.has_value());
+  CHECK(handle->size() == data.size());
+
+  std::vector<uint8_t> local(data.size());
+  REQUIRE(handle->read_into(local.data(), local.size()).get().has_value());
+  CHECK(local == data);
+
+  // A slice at an offset.
+  std::vector<uint8_t> slice(4096);
+  REQUIRE(handle->read_into(slice.data(), slice.size(), 1 << 20).get().has_value());
+  CHECK(std::memcmp(slice.data(), data.data() + (1 << 20), slice.size()) == 0);
+
+  // A write lands in the owner's memory.
+  std::vector<uint8_t> ones(8192, 1);
+  REQUIRE(handle->write_from(ones.data(), ones.size(), 100).get().has_value());
+  CHECK(std::accumulate(data.begin() + 100, data.begin() + 100 + 8192, 0) == 8192);
+  CHECK(data[99] == pattern(99));
+
+  // Outside the region: refused before anything moves.
+  auto oob = handle->read_into(slice.data(), slice.size(), data.size() - 10).get();
+  REQUIRE_FALSE(oob.has_value());
+  CHECK(oob.error().code() == ErrorCode::invalid_argument);
+
+  // After deregistration the owner refuses.
+  reg->reset();
+  auto gone = handle->read_into(slice.data(), 16).get();
+  REQUIRE_FALSE(gone.has_value());
+  CHECK(gone.error().code() == ErrorCode::not_found);
+  CHECK_THAT(gone.error().message(), Catch::Contains("not registered"));
+}
+
+TEST_CASE("remote buffer: the owner reads its own handle with a local copy", "[remote][buffer]") {
+  troupe::Runtime rt(net());
+  std::vector<uint8_t> data(1000);
+  std::iota(data.begin(), data.end(), 0);
+  auto reg = rt.register_buffer(data.data(), data.size()).value();
+  std::vector<uint8_t> out(10);
+  REQUIRE(reg.handle().read_into(out.data(), out.size(), 5).get().has_value());
+  CHECK(out[0] == 5);
+  CHECK(out[9] == 14);
+}
