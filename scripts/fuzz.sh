@@ -12,7 +12,7 @@ cxx=${FUZZ_CXX:-clang++-16}
 command -v "$cxx" >/dev/null || { echo "fuzz: $cxx not found; apt-get install clang-16 libclang-rt-16-dev" >&2; exit 2; }
 mkdir -p "$out/gen" "$corpus"
 capnp compile -oc++:"$out/gen" --src-prefix="$root/transports/wire" "$root/transports/wire/troupe.capnp"
-flags=(-std=c++2b -O1 -g -fsanitize=fuzzer,address,undefined -I"$root/base/include" -I"$root/transports/src" -I"$out/gen")
+flags=(-std=c++2b -O1 -g -fsanitize=fuzzer,address,undefined -I"$root/base/include" -I"$root/transports/src" -I"$root/test/fuzz" -I"$out/gen")
 # Cap'n Proto 0.9's headers only build as C++17 under clang: its files are compiled apart.
 capnp_flags=("${flags[@]/-std=c++2b/-std=c++17}")
 "$cxx" "${capnp_flags[@]}" -w -c "$out/gen/troupe.capnp.c++" -o "$out/troupe.capnp.o"

@@ -310,29 +310,27 @@ Result<BufferRegistration> Runtime::register_buffer(void* data, size_t size) {
   return BufferRegistration(std::move(*handle));
 }
 
+namespace {
+Future<void> unbound_buffer() {
+  auto* st = new detail::FutureState<void>();
+  detail::ReplyRef r(st);
+  st->complete(Result<void>(
+      error(ErrorCode::invalid_argument, "remote buffer: this handle is not bound to a runtime (default-built?)")));
+  return Future<void>(r, std::chrono::milliseconds(0));
+}
+constexpr std::chrono::milliseconds kBufferTimeout{30'000};
+}  // namespace
+
 Future<void> RemoteBuffer::read_into(void* dst, size_t n, uint64_t offset, std::chrono::milliseconds timeout) const {
-  if (!node_) {
-    auto* st = new detail::FutureState<void>();
-    detail::ReplyRef r(st);
-    st->complete(Result<void>(error(ErrorCode::invalid_argument,
-                                    "remote buffer: this handle is not bound to a runtime (default-built?)")));
-    return Future<void>(r, std::chrono::milliseconds(0));
-  }
-  if (timeout.count() < 0) timeout = std::chrono::milliseconds(30'000);
-  return node_->region_op(*this, dst, n, offset, false, timeout);
+  if (!node_) return unbound_buffer();
+  return node_->region_op(*this, dst, n, offset, false, timeout.count() < 0 ? kBufferTimeout : timeout);
 }
 
 Future<void> RemoteBuffer::write_from(const void* src, size_t n, uint64_t offset,
                                       std::chrono::milliseconds timeout) const {
-  if (!node_) {
-    auto* st = new detail::FutureState<void>();
-    detail::ReplyRef r(st);
-    st->complete(Result<void>(error(ErrorCode::invalid_argument,
-                                    "remote buffer: this handle is not bound to a runtime (default-built?)")));
-    return Future<void>(r, std::chrono::milliseconds(0));
-  }
-  if (timeout.count() < 0) timeout = std::chrono::milliseconds(30'000);
-  return node_->region_op(*this, const_cast<void*>(src), n, offset, true, timeout);
+  if (!node_) return unbound_buffer();
+  return node_->region_op(*this, const_cast<void*>(src), n, offset, true,
+                          timeout.count() < 0 ? kBufferTimeout : timeout);
 }
 
 void BufferRegistration::reset() {

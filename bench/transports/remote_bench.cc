@@ -4,6 +4,7 @@
 // message size, run in the same invocation:
 //   ask round trip  vs 2 x ucp_am_lat one-way latency (UCX_TLS=tcp)
 //   tell throughput vs ucp_am_bw message rate (UCX_TLS=tcp)
+#include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -95,7 +96,9 @@ struct Server {
   std::string address;
   explicit Server(const std::string& token) {
     int to[2], from[2];
-    if (pipe(to) != 0 || pipe(from) != 0) std::abort();
+    // Close-on-exec: neither this child nor others (ucx_perftest) may keep
+    // a pipe end open, or the server never sees end-of-file on its stdin.
+    if (pipe2(to, O_CLOEXEC) != 0 || pipe2(from, O_CLOEXEC) != 0) std::abort();
     pid = fork();
     if (pid == 0) {
       dup2(to[0], 0);

@@ -11,31 +11,13 @@
 #include <vector>
 
 #include "wire.h"
+#include "wire_samples.h"
 
-namespace {
-
-std::vector<troupe::wire::Message> samples() {
-  using namespace troupe::wire;
-  return {Hello{kProtocolVersion, 7, "token-bytes", "tcp://127.0.0.1:7000"},
-          HelloReply{true, 9, "ucx://127.0.0.1:7001", ""},
-          EnvelopeHeader{EnvelopeKind::ask, 1, 2, 3, 0xabcdef, 42, 0, ""},
-          EnvelopeHeader{EnvelopeKind::error, 1, 2, 3, 0, 42, 3, "actor dead"},
-          Resolve{5, "counter"},
-          Resolved{5, 77, ""},
-          MonitorRequest{77},
-          DownNotice{77, 2, "failed: boom"},
-          RegionRequest{8, 1, 0, 4096, false},
-          RegionResponse{8, ""},
-          Heartbeat{123456},
-          Goodbye{"shutting down"}};
-}
-
-}  // namespace
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
   if (const char* dir = std::getenv("TROUPE_WRITE_SEEDS")) {
     int i = 0;
-    for (const auto& m : samples()) {
+    for (const auto& m : troupe::wire::samples()) {
       std::string header = troupe::wire::encode(m);
       std::string frame(troupe::wire::kPrefixBytes, '\0');
       troupe::wire::write_prefix(reinterpret_cast<std::byte*>(frame.data()), static_cast<uint32_t>(header.size()), 0);

@@ -40,8 +40,9 @@ class PeerProcess {
  public:
   explicit PeerProcess(const std::string& token = "test-token") {
     int in[2], out[2];
-    REQUIRE(pipe(in) == 0);
-    REQUIRE(pipe(out) == 0);
+    // Close-on-exec, so that no other child keeps the peer's stdin open.
+    REQUIRE(pipe2(in, O_CLOEXEC) == 0);
+    REQUIRE(pipe2(out, O_CLOEXEC) == 0);
     pid_ = fork();
     REQUIRE(pid_ >= 0);
     if (pid_ == 0) {

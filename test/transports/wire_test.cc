@@ -10,6 +10,7 @@
 
 #include <catch2/catch.hpp>
 
+#include "fuzz/wire_samples.h"
 #include "wire.h"
 
 using namespace troupe::wire;
@@ -37,18 +38,7 @@ void decode_any(const std::string& input) {
 }  // namespace
 
 TEST_CASE("every frame kind survives an encode/decode round trip", "[transports][wire]") {
-  std::vector<Message> samples = {Hello{kProtocolVersion, 7, std::string("tok\0en", 6), "tcp://127.0.0.1:7000"},
-                                  HelloReply{false, 9, "ucx://h:1", "wrong token"},
-                                  EnvelopeHeader{EnvelopeKind::reply, 1, 2, 3, 0xfeedface, 42, 0, ""},
-                                  EnvelopeHeader{EnvelopeKind::error, 1, 2, 3, 4, 42, 3, "dead"},
-                                  Resolve{5, "counter"},
-                                  Resolved{5, 77, ""},
-                                  MonitorRequest{77},
-                                  DownNotice{77, 2, "failed: boom"},
-                                  RegionRequest{8, 1, 64, 4096, true},
-                                  RegionResponse{8, "no such region"},
-                                  Heartbeat{123456},
-                                  Goodbye{"bye"}};
+  std::vector<Message> samples = troupe::wire::samples();
   for (const auto& m : samples) {
     std::string header = encode(m);
     CHECK(header.size() % 8 == 0);
