@@ -6,7 +6,7 @@ set -euo pipefail
 
 packages=(
   # toolchain
-  g++ cmake ninja-build pkg-config
+  gcc g++ cmake ninja-build pkg-config
   # chosen dependencies (see DEVELOPERS.md): CAF (in-process actors), UCX,
   # Cap'n Proto, Catch2 v2, fmt, plus spdlog for logs
   libcaf-dev libucx-dev ucx-utils capnproto libcapnp-dev catch2 libfmt-dev libspdlog-dev
