@@ -62,6 +62,7 @@ Result<std::shared_ptr<Node>> RuntimeImpl::node() {
   }
   NodeConfig nc;
   nc.listen = config_.listen;
+  nc.transport = config_.transport;
   nc.token = *token;
   nc.limits.max_payload_bytes = config_.max_frame_bytes;
   nc.heartbeat_interval = config_.heartbeat_interval;

@@ -10,7 +10,7 @@
 
 int main(int argc, char** argv) {
   troupe::RuntimeConfig cfg;
-  cfg.listen = "tcp://127.0.0.1:0";
+  cfg.listen = std::string(argc > 2 ? argv[2] : "tcp") + "://127.0.0.1:0";
   if (argc > 1) cfg.cluster_token = argv[1];
   troupe::Runtime rt(cfg);
   auto service = rt.spawn<troupe::test::Service>();

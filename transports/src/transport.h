@@ -82,4 +82,9 @@ class Transport {
 /// TCP: epoll, non-blocking sockets, length-prefixed frames.
 std::unique_ptr<Transport> make_tcp_transport(Events events, TransportLimits limits);
 
+/// UCX: active messages (eager or rendezvous by size), client-server
+/// endpoints with peer error handling, a progress thread that sleeps on the
+/// worker's wakeup fd. Fails when UCX cannot initialise.
+Result<std::unique_ptr<Transport>> make_ucx_transport(Events events, TransportLimits limits);
+
 }  // namespace troupe::transport

@@ -44,6 +44,8 @@ struct RuntimeConfig {
   /// "tcp://0.0.0.0:7000" or "tcp://127.0.0.1:0" (any free port; see
   /// address()). Empty: this runtime only dials out (resolve()).
   std::string listen{};
+  /// "tcp" or "ucx": the transport when `listen` names none (or is empty).
+  std::string transport = "tcp";
   /// The secret every process of a cluster shares. Empty: the
   /// TROUPE_CLUSTER_TOKEN environment variable, else $TROUPE_HOME (default
   /// ~/.troupe)/cluster_token, created on first use.

@@ -36,13 +36,19 @@ bool same_secret(const std::string& a, const std::string& b) {
   return diff == 0;
 }
 
-/// "troupe://h:p", "tcp://h:p" -> "tcp://h:p" (the key peers are known by).
-Result<std::string> normalize(const std::string& address) {
+/// "troupe://h:p", "h:p" -> "SCHEME://h:p" (the key peers are known by),
+/// with this node's transport as the scheme.
+Result<std::string> normalize(const std::string& address, const char* scheme) {
   std::string a = address;
-  if (a.rfind("troupe://", 0) == 0) a = "tcp://" + a.substr(9);
+  if (a.rfind("troupe://", 0) == 0) a = a.substr(9);
   auto e = transport::parse_endpoint(a);
   if (!e) return error(e.error());
-  if (e->scheme.empty()) e->scheme = "tcp";
+  if (e->scheme.empty()) e->scheme = scheme;
+  if (e->scheme != scheme) {
+    return error(ErrorCode::invalid_argument, "address " + address + ": this runtime speaks " + scheme +
+                                                  "; set RuntimeConfig::listen or ::transport to " + e->scheme +
+                                                  " to reach it");
+  }
   return e->to_uri();
 }
 
@@ -212,7 +218,7 @@ bool Node::ref_for(const std::string& address, uint64_t id, CellPtr* out, std::s
     *out = find_export(id);  // our own actor, back home: empty if it stopped
     return true;
   }
-  auto norm = normalize(address);
+  auto norm = normalize(address, transport_->scheme());
   if (!norm) {
     *problem = "actor ref with a bad address '" + address + "'";
     return false;
@@ -228,20 +234,28 @@ Node::~Node() { stop(); }
 Status Node::start() {
   transport::TransportLimits limits;
   limits.frame = config_.limits;
-  transport_ = transport::make_tcp_transport(
-      transport::Events{
-          [this](transport::PeerId p, transport::InFrame f) { on_frame(p, std::move(f)); },
-          [this](transport::PeerId p, bool inbound) { on_connected(p, inbound); },
-          [this](transport::PeerId p, Status s) { on_lost(p, std::move(s)); },
-      },
-      limits);
+  std::string scheme = config_.transport;
+  Result<transport::Endpoint> at = transport::Endpoint{};
   if (!config_.listen.empty()) {
-    auto at = transport::parse_endpoint(config_.listen);
+    at = transport::parse_endpoint(config_.listen);
     if (!at) return at.error();
-    if (at->scheme == "ucx") {
-      return Status(ErrorCode::invalid_argument,
-                    "listen: the ucx:// transport is not in this build yet; listen on tcp://HOST:PORT");
-    }
+    if (!at->scheme.empty()) scheme = at->scheme;
+  }
+  transport::Events events{
+      [this](transport::PeerId p, transport::InFrame f) { on_frame(p, std::move(f)); },
+      [this](transport::PeerId p, bool inbound) { on_connected(p, inbound); },
+      [this](transport::PeerId p, Status s) { on_lost(p, std::move(s)); },
+  };
+  if (scheme == "ucx") {
+    auto t = transport::make_ucx_transport(std::move(events), limits);
+    if (!t) return t.error();
+    transport_ = std::move(*t);
+  } else if (scheme == "tcp") {
+    transport_ = transport::make_tcp_transport(std::move(events), limits);
+  } else {
+    return Status(ErrorCode::invalid_argument, "transport: unknown '" + scheme + "' (use tcp or ucx)");
+  }
+  if (!config_.listen.empty()) {
     auto bound = transport_->listen(*at);
     if (!bound) return bound.error();
     address_ = *bound;
@@ -387,7 +401,7 @@ CellPtr Node::proxy_for(const std::string& address, uint64_t id) {
 }
 
 Result<CellPtr> Node::resolve(const std::string& address, const std::string& name, std::chrono::milliseconds timeout) {
-  auto norm = normalize(address);
+  auto norm = normalize(address, transport_->scheme());
   if (!norm) return error(norm.error());
   Status why;
   auto peer = peer_for(*norm, &why);
@@ -839,7 +853,7 @@ Future<void> Node::region_op(const RemoteBuffer& buffer, void* ptr, size_t n, ui
     fail(ErrorCode::invalid_argument, "remote buffer: its owner does not listen (set RuntimeConfig::listen there)");
     return future;
   }
-  auto norm = normalize(buffer.owner());
+  auto norm = normalize(buffer.owner(), transport_->scheme());
   Status why;
   auto peer = norm ? peer_for(*norm, &why) : nullptr;
   if (!peer) {

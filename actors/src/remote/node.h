@@ -38,6 +38,8 @@ struct RemoteTarget {
 struct NodeConfig {
   /// Where to accept connections ("tcp://127.0.0.1:0"); empty: dial only.
   std::string listen;
+  /// "tcp" or "ucx": used when `listen` names no scheme or is empty.
+  std::string transport = "tcp";
   /// The cluster token every peer must present.
   std::string token;
   wire::Limits limits;
