@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <random>
 #include <thread>
 #include <unordered_map>
 #include <vector>
@@ -25,9 +26,19 @@ namespace troupe::transport {
 
 namespace {
 
-constexpr unsigned kAmId = 7;
-/// What UCP adds to a message sent with UCP_AM_SEND_FLAG_REPLY.
-constexpr size_t kReplyFooterBytes = 8;
+// Active message ids.
+constexpr unsigned kDataAm = 7;   // a frame (no reply flag)
+constexpr unsigned kHelloAm = 8;  // client -> server: its tag (reply flag)
+constexpr unsigned kAckAm = 9;    // server -> client: both tags
+
+uint64_t random_tag() {
+  static thread_local std::mt19937_64 rng(std::random_device{}());
+  uint64_t t;
+  do {
+    t = rng();
+  } while (t == 0);
+  return t;
+}
 
 Status ucx_error(const std::string& what, ucs_status_t s) {
   return Status(ErrorCode::peer_lost, what + ": " + ucs_status_string(s));
@@ -43,16 +54,26 @@ struct Ep {
   std::mutex mu;
   ucp_ep_h handle = nullptr;
   bool closed = false;
+  /// Tags route frames to connections without UCX's reply flag (see
+  /// post()): each side picks a random tag for its end and tells the other,
+  /// which stamps it on every frame. Random, so that one connection cannot
+  /// pass its frames off as another's.
+  uint64_t local_tag = 0;
+  uint64_t remote_tag = 0;  // known once the transport hello is answered
+  std::vector<OutFrame> waiting;  // frames sent before that
 };
 
 // A frame travels as AM data only: payload, then the Cap'n Proto header,
-// then the header's length (u64). No AM user header: UCX bounds it to a few
-// dozen bytes per worker, and with one UCX 1.13's shared-memory transport
-// takes a short-IOV path that loses messages over 100 bytes. One contiguous
-// buffer, because that path also takes no multi-part IOV. Appending the
-// header usually fits the payload's spare capacity; on the way in, trimming
-// the tail leaves the payload in place, so a rendezvous receive copies
-// nothing.
+// then the header's length (u64), then the receiver's connection tag (u64).
+// No AM user header and no reply flag: UCX bounds AM headers to a few dozen
+// bytes per worker, and with either one UCX 1.13's shared-memory transport
+// takes a short-IOV path that loses messages over 100 bytes ("Invalid
+// am_short_iov length"). Connections are told apart by tags exchanged in a
+// tiny hello (which does use the reply flag, safely below that size). One
+// contiguous buffer, because that path also takes no multi-part IOV.
+// Appending to the payload usually fits its spare capacity; on the way in,
+// trimming the tail leaves the payload in place, so a rendezvous receive
+// copies nothing.
 struct SendRequest {
   std::string data;  // payload then header; kept alive until UCX is done
   uint64_t header_bytes = 0;
@@ -60,8 +81,8 @@ struct SendRequest {
 
 struct RecvRequest {
   UcxTransport* self;
-  PeerId peer;
-  uint64_t header_bytes;
+  PeerId peer;  // unused: frames are routed by their tag once received
+  uint64_t unused;
   std::string data;
 };
 
@@ -73,9 +94,6 @@ class UcxTransport final : public Transport {
     // Without it, UCX disables shared memory when error handling is on and
     // silently falls back to TCP loopback.
     setenv("UCX_MM_ERROR_HANDLING", "y", /*overwrite=*/0);
-    // The shared-memory short-IOV limit is the FIFO element size less 28.
-    const char* fifo = std::getenv("UCX_MM_FIFO_ELEM_SIZE");
-    mm_short_iov_limit_ = (fifo ? std::strtoul(fifo, nullptr, 10) : 128) - 28;
     ucp_config_t* config = nullptr;
     ucs_status_t s = ucp_config_read(nullptr, nullptr, &config);
     if (s != UCS_OK) return ucx_error("ucx: reading the configuration (UCX_* variables)", s);
@@ -94,12 +112,20 @@ class UcxTransport final : public Transport {
     ucp_am_handler_param_t ap{};
     ap.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG |
                     UCP_AM_HANDLER_PARAM_FIELD_FLAGS;
-    ap.id = kAmId;
+    ap.id = kDataAm;
     ap.cb = &UcxTransport::on_am;
     ap.arg = this;
     ap.flags = UCP_AM_FLAG_WHOLE_MSG;
     s = ucp_worker_set_am_recv_handler(worker_, &ap);
     if (s != UCS_OK) return ucx_error("ucx: registering the message handler", s);
+    ap.id = kHelloAm;
+    ap.cb = &UcxTransport::on_hello;
+    s = ucp_worker_set_am_recv_handler(worker_, &ap);
+    if (s != UCS_OK) return ucx_error("ucx: registering the hello handler", s);
+    ap.id = kAckAm;
+    ap.cb = &UcxTransport::on_ack;
+    s = ucp_worker_set_am_recv_handler(worker_, &ap);
+    if (s != UCS_OK) return ucx_error("ucx: registering the ack handler", s);
     s = ucp_worker_get_efd(worker_, &efd_);
     if (s != UCS_OK) return ucx_error("ucx: ucp_worker_get_efd", s);
     thread_ = std::thread([this] { loop(); });
@@ -162,7 +188,12 @@ class UcxTransport final : public Transport {
     ucs_status_t s = ucp_ep_create(worker_, &ep, &handle);
     if (s != UCS_OK) return error(ucx_error("connect: " + to.to_uri(), s));
     PeerId id = add(handle);
-    ucp_worker_signal(worker_);
+    if (in_progress_thread()) {
+      deferred_hellos_.push_back(id);
+    } else {
+      send_hello(id);
+      ucp_worker_signal(worker_);
+    }
     return id;
   }
 
@@ -184,36 +215,72 @@ class UcxTransport final : public Transport {
     return s;
   }
 
-  /// Hands a frame to UCX. Not on the progress thread inside callbacks.
+  /// Hands a frame to UCX, or queues it until the connection's tags are
+  /// known. Not on the progress thread inside callbacks.
   Status post(Ep& ep, OutFrame frame) {
     std::lock_guard<std::mutex> lock(ep.mu);
     if (ep.closed) return Status(ErrorCode::peer_lost, "send: the connection is closed");
-    // UCX 1.13 bug: with the reply flag, UCP picks the shared-memory
-    // short-IOV path for messages a few bytes longer than that path accepts
-    // ("Invalid am_short_iov length: 104 (expected: <= 100)") and the message
-    // is lost. Frames that would land in that window get 16 zero bytes after
-    // their Cap'n Proto header, which its decoder ignores.
-    size_t wire = frame.payload.size() + frame.header.size() + sizeof(uint64_t) + kReplyFooterBytes;
-    size_t pad = (wire > mm_short_iov_limit_ && wire <= mm_short_iov_limit_ + 16) ? 16 : 0;
-    auto* req = new SendRequest{std::move(frame.payload), frame.header.size() + pad};
+    if (ep.remote_tag == 0) {
+      ep.waiting.push_back(std::move(frame));
+      return {};
+    }
+    return post_locked(ep, std::move(frame));
+  }
+
+  /// REQUIRES: ep.mu held, remote tag known.
+  Status post_locked(Ep& ep, OutFrame frame) {
+    auto* req = new SendRequest{std::move(frame.payload), frame.header.size()};
     req->data.append(frame.header);
-    req->data.append(pad, '\0');
     req->data.append(reinterpret_cast<const char*>(&req->header_bytes), sizeof(req->header_bytes));
+    req->data.append(reinterpret_cast<const char*>(&ep.remote_tag), sizeof(ep.remote_tag));
+    return send_raw(ep.handle, kDataAm, req, 0);
+  }
+
+  /// Sends req->data as an active message; takes ownership of `req`.
+  Status send_raw(ucp_ep_h handle, unsigned am, SendRequest* req, uint32_t flags) {
     ucp_request_param_t p{};
     p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
-    p.flags = UCP_AM_SEND_FLAG_REPLY;  // the receiver learns which endpoint sent it
+    p.flags = flags;
     p.cb.send = [](void* request, ucs_status_t, void* user_data) {
       delete static_cast<SendRequest*>(user_data);
       ucp_request_free(request);
     };
     p.user_data = req;
-    ucs_status_ptr_t r = ucp_am_send_nbx(ep.handle, kAmId, nullptr, 0, req->data.data(), req->data.size(), &p);
+    ucs_status_ptr_t r = ucp_am_send_nbx(handle, am, nullptr, 0, req->data.data(), req->data.size(), &p);
     if (UCS_PTR_IS_ERR(r)) {
       delete req;
       return ucx_error("send", UCS_PTR_STATUS(r));
     }
     if (r == nullptr) delete req;  // done at once
     return {};
+  }
+
+  /// Client side of the transport hello: our tag, with the reply flag so
+  /// that the server learns which endpoint it came from.
+  void send_hello(PeerId peer) {
+    auto ep = find(peer);
+    if (!ep) return;
+    std::lock_guard<std::mutex> lock(ep->mu);
+    if (ep->closed) return;
+    auto* req = new SendRequest{std::string(reinterpret_cast<const char*>(&ep->local_tag), sizeof(uint64_t)), 0};
+    (void)send_raw(ep->handle, kHelloAm, req, UCP_AM_SEND_FLAG_REPLY);
+  }
+
+  /// Both sides: the peer's tag is known; send what waited.
+  void set_remote_tag(PeerId peer, uint64_t tag, bool answer) {
+    auto ep = find(peer);
+    if (!ep) return;
+    std::lock_guard<std::mutex> lock(ep->mu);
+    if (ep->closed || ep->remote_tag != 0) return;
+    ep->remote_tag = tag;
+    if (answer) {
+      std::string ack(16, '\0');
+      std::memcpy(ack.data(), &tag, 8);
+      std::memcpy(ack.data() + 8, &ep->local_tag, 8);
+      (void)send_raw(ep->handle, kAckAm, new SendRequest{std::move(ack), 0}, 0);
+    }
+    for (auto& f : ep->waiting) (void)post_locked(*ep, std::move(f));
+    ep->waiting.clear();
   }
 
   void close(PeerId peer, std::string why) override {
@@ -266,7 +333,14 @@ class UcxTransport final : public Transport {
 
   /// Sends and closes requested from inside callbacks, in order.
   void run_deferred() {
-    while (!deferred_sends_.empty() || !deferred_drops_.empty()) {
+    while (!deferred_sends_.empty() || !deferred_drops_.empty() || !deferred_hellos_.empty() ||
+           !deferred_tags_.empty()) {
+      auto hellos = std::move(deferred_hellos_);
+      deferred_hellos_.clear();
+      for (PeerId p : hellos) send_hello(p);
+      auto tags = std::move(deferred_tags_);
+      deferred_tags_.clear();
+      for (auto& t : tags) set_remote_tag(t.peer, t.tag, t.answer);
       auto sends = std::move(deferred_sends_);
       deferred_sends_.clear();
       for (auto& [peer, frame] : sends) {
@@ -281,11 +355,19 @@ class UcxTransport final : public Transport {
   PeerId add(ucp_ep_h handle) {
     auto ep = std::make_shared<Ep>();
     ep->handle = handle;
+    ep->local_tag = random_tag();
     std::lock_guard<std::mutex> lock(mu_);
     PeerId id = next_id_++;
     eps_[id] = ep;
     by_ep_[handle] = id;
+    by_tag_[ep->local_tag] = id;
     return id;
+  }
+
+  PeerId peer_of_tag(uint64_t tag) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = by_tag_.find(tag);
+    return it == by_tag_.end() ? 0 : it->second;
   }
 
   std::shared_ptr<Ep> find(PeerId id) {
@@ -304,6 +386,7 @@ class UcxTransport final : public Transport {
       ep = it->second;
       eps_.erase(it);
       by_ep_.erase(ep->handle);
+      by_tag_.erase(ep->local_tag);
     }
     {
       std::lock_guard<std::mutex> lock(ep->mu);
@@ -349,20 +432,20 @@ class UcxTransport final : public Transport {
     if (id != 0) self->deferred_drops_.emplace_back(id, ucx_error("connection lost", status));
   }
 
-  static ucs_status_t on_am(void* arg, const void* header, size_t header_length, void* data, size_t length,
+  static ucs_status_t on_am(void* arg, const void*, size_t header_length, void* data, size_t length,
                             const ucp_am_recv_param_t* param) {
     auto* self = static_cast<UcxTransport*>(arg);
-    PeerId peer = (param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) ? self->peer_of(param->reply_ep) : 0;
-    if (peer == 0) return UCS_OK;  // from an endpoint already closed
-    (void)header;
-    if (header_length != 0 || length < sizeof(uint64_t)) {
-      self->reject(peer, Status(ErrorCode::malformed, "frame: " + std::to_string(length) +
-                                                          " bytes with an AM header of " + std::to_string(header_length)));
+    constexpr size_t kTrailer = 2 * sizeof(uint64_t);  // header length, receiver tag
+    // Frames that cannot be ours, or that no limit allows, are dropped unread.
+    if (header_length != 0 || length < kTrailer ||
+        length > self->limits_.frame.max_payload_bytes + self->limits_.frame.max_header_bytes + kTrailer) {
+      TROUPE_LOG(warn, "event=bad_frame transport=ucx bytes={} reason=\"not a troupe frame or over the limits\"", length);
       return UCS_OK;
     }
     if (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) {
-      // Rendezvous: UCX moves the whole frame straight into our buffer.
-      auto* req = new RecvRequest{self, peer, 0, std::string(length, '\0')};
+      // Rendezvous: UCX moves the whole frame straight into our buffer;
+      // its connection tag (the last word) is read once it is there.
+      auto* req = new RecvRequest{self, 0, 0, std::string(length, '\0')};
       ucp_request_param_t p{};
       p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
       p.cb.recv_am = [](void* request, ucs_status_t status, size_t, void* user_data) {
@@ -379,16 +462,45 @@ class UcxTransport final : public Transport {
       }
       return UCS_OK;
     }
-    self->split_and_deliver(peer, std::string(static_cast<const char*>(data), length));
+    self->route(std::string(static_cast<const char*>(data), length));
     return UCS_OK;
   }
 
-  /// Splits payload | header | u64 header length, checks the bounds, and
-  /// hands the frame up; bad frames close the peer.
-  void split_and_deliver(PeerId peer, std::string data) {
-    uint64_t header_bytes = 0;
-    std::memcpy(&header_bytes, data.data() + data.size() - sizeof(header_bytes), sizeof(header_bytes));
-    size_t body = data.size() - sizeof(header_bytes);
+  /// Client hello on the server: the client's tag, and (reply flag) its endpoint.
+  static ucs_status_t on_hello(void* arg, const void*, size_t, void* data, size_t length,
+                               const ucp_am_recv_param_t* param) {
+    auto* self = static_cast<UcxTransport*>(arg);
+    if (length != sizeof(uint64_t) || (param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) == 0) return UCS_OK;
+    PeerId peer = self->peer_of(param->reply_ep);
+    uint64_t tag = 0;
+    std::memcpy(&tag, data, sizeof(tag));
+    if (peer != 0 && tag != 0) self->deferred_tags_.push_back({peer, tag, /*answer=*/true});
+    return UCS_OK;
+  }
+
+  /// Server ack on the client: [the client's tag, the server's tag].
+  static ucs_status_t on_ack(void* arg, const void*, size_t, void* data, size_t length, const ucp_am_recv_param_t*) {
+    auto* self = static_cast<UcxTransport*>(arg);
+    if (length != 2 * sizeof(uint64_t)) return UCS_OK;
+    uint64_t mine = 0, theirs = 0;
+    std::memcpy(&mine, data, 8);
+    std::memcpy(&theirs, static_cast<const char*>(data) + 8, 8);
+    PeerId peer = self->peer_of_tag(mine);
+    if (peer != 0 && theirs != 0) self->deferred_tags_.push_back({peer, theirs, /*answer=*/false});
+    return UCS_OK;
+  }
+
+  /// Finds the connection from the trailing tag, splits payload | header |
+  /// u64 header length | u64 tag, checks the bounds, and hands the frame up.
+  /// A frame for an unknown tag is dropped (its connection is gone, or the
+  /// sender is not who it claims); bad frames close their connection.
+  void route(std::string data) {
+    uint64_t tag = 0, header_bytes = 0;
+    std::memcpy(&tag, data.data() + data.size() - 8, 8);
+    std::memcpy(&header_bytes, data.data() + data.size() - 16, 8);
+    PeerId peer = peer_of_tag(tag);
+    if (peer == 0) return;
+    size_t body = data.size() - 16;
     if (header_bytes == 0 || header_bytes > body || header_bytes > limits_.frame.max_header_bytes) {
       reject(peer, Status(ErrorCode::malformed, "frame: header size " + std::to_string(header_bytes) +
                                                     " is zero, over the limit, or larger than the frame"));
@@ -405,6 +517,7 @@ class UcxTransport final : public Transport {
     data.resize(payload_bytes);  // the payload stays where it was received
     deliver(peer, header, std::move(data));
   }
+
   /// Decodes a header and hands the frame up; bad headers close the peer.
   void deliver(PeerId peer, std::string_view header, std::string payload) {
     auto msg = wire::decode(std::span<const std::byte>(reinterpret_cast<const std::byte*>(header.data()), header.size()),
@@ -418,9 +531,9 @@ class UcxTransport final : public Transport {
 
   void finish_recv(RecvRequest* r, ucs_status_t status) {
     if (status != UCS_OK) {
-      reject(r->peer, ucx_error("receiving a large payload", status));
+      TROUPE_LOG(warn, "event=receive_failed transport=ucx error=\"{}\"", ucs_status_string(status));
     } else {
-      split_and_deliver(r->peer, std::move(r->data));
+      route(std::move(r->data));
     }
     delete r;
   }
@@ -439,14 +552,21 @@ class UcxTransport final : public Transport {
   std::thread thread_;
   std::atomic<bool> stopping_{false};
   std::atomic<std::thread::id> progress_id_{};
-  size_t mm_short_iov_limit_ = 100;
   std::mutex mu_;  // the maps below; never held across a UCX call
   PeerId next_id_ = 1;
   std::unordered_map<PeerId, std::shared_ptr<Ep>> eps_;
   std::unordered_map<ucp_ep_h, PeerId> by_ep_;
+  std::unordered_map<uint64_t, PeerId> by_tag_;
   // Progress thread only.
   std::vector<std::pair<PeerId, OutFrame>> deferred_sends_;
   std::vector<std::pair<PeerId, Status>> deferred_drops_;
+  std::vector<PeerId> deferred_hellos_;
+  struct TagUpdate {
+    PeerId peer;
+    uint64_t tag;
+    bool answer;
+  };
+  std::vector<TagUpdate> deferred_tags_;
 };
 
 }  // namespace
