@@ -72,12 +72,20 @@ size_t threads_from_env() {
   return t ? std::strtoul(t, nullptr, 10) : 0;
 }
 
+/// The runtimes here get their work from the network: sleep_when_idle on,
+/// unless BENCH_POLLING=1 asks for the default scheduler polling.
+bool sleep_when_idle() {
+  const char* p = std::getenv("BENCH_POLLING");
+  return !(p && std::string(p) == "1");
+}
+
 int serve(const std::string& token, const std::string& scheme) {
   troupe::RuntimeConfig cfg;
   cfg.listen = scheme + "://127.0.0.1:0";
   cfg.cluster_token = token;
   cfg.log_level = "warn";
   cfg.threads = threads_from_env();
+  cfg.sleep_when_idle = sleep_when_idle();
   troupe::Runtime rt(cfg);
   auto s = rt.publish("echo", rt.spawn<Echo>());
   if (!s.ok()) return std::fprintf(stderr, "serve: %s\n", s.to_string().c_str()), 1;
@@ -176,6 +184,7 @@ int main(int argc, char** argv) {
     cfg.cluster_token = token;
     cfg.log_level = "warn";
     cfg.threads = threads_from_env();
+    cfg.sleep_when_idle = sleep_when_idle();
     cfg.transport = c.scheme;
     troupe::Runtime rt(cfg);
     auto echo = rt.resolve<Echo>(server.address + "/echo");

@@ -88,3 +88,12 @@ TEST_CASE("a monitor from outside an actor times out while the actor lives", "[r
   REQUIRE(gone.has_value());
   CHECK(gone->kind == troupe::ExitReason::Kind::shutdown);
 }
+
+TEST_CASE("a runtime whose idle threads sleep at once still answers and shuts down", "[runtime]") {
+  troupe::RuntimeConfig cfg;
+  cfg.sleep_when_idle = true;
+  troupe::Runtime rt(cfg);
+  auto e = rt.spawn<Echo>();
+  for (int i = 0; i < 100; ++i) REQUIRE(e.ask(Ping{i}).get().value() == i);
+  CHECK(rt.shutdown().ok());
+}

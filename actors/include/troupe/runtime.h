@@ -39,6 +39,11 @@ struct RuntimeConfig {
   std::function<void(const CrashReport&)> on_crash_report{};
   /// Seed for restart-backoff jitter; 0 picks a random seed.
   uint64_t seed = 0;
+  /// Idle scheduler threads sleep at once instead of first polling with
+  /// short sleeps. Better for processes whose work arrives from the network
+  /// (cross-process round trip halved in bench/transports), worse for one
+  /// in-process sender flooding one actor (see docs/architecture.md).
+  bool sleep_when_idle = false;
 
   /// Network: where to accept connections from other processes, e.g.
   /// "tcp://0.0.0.0:7000" or "tcp://127.0.0.1:0" (any free port; see
