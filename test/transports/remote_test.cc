@@ -60,12 +60,12 @@ TEST_CASE("remote: tell and ask across runtimes behave like local ones", "[remot
   CHECK(later.error().code() == ErrorCode::actor_dead);
 }
 
-TEST_CASE("remote: payloads from 0 bytes to 64 MiB arrive intact", "[remote]") {
+TEST_CASE("remote: payloads from 0 bytes to 256 MiB arrive intact", "[remote]") {
   troupe::Runtime server(net());
   troupe::Runtime client(net("test-token", ""));
   REQUIRE(server.publish("service", server.spawn<Service>()).ok());
   auto remote = client.resolve<Service>(server.address() + "/service").value();
-  for (size_t size : {size_t{0}, size_t{1}, size_t{4096}, size_t{1} << 20, size_t{64} << 20}) {
+  for (size_t size : {size_t{0}, size_t{1}, size_t{4096}, size_t{1} << 20, size_t{256} << 20}) {
     std::vector<uint8_t> bytes(size);
     uint64_t sum = 0;
     for (size_t i = 0; i < size; ++i) {
