@@ -28,9 +28,11 @@ using troupe::ErrorCode;
 
 namespace {
 
-troupe::RuntimeConfig net(std::string token = "test-token", std::string listen = "tcp://127.0.0.1:0") {
+troupe::RuntimeConfig net(std::string token = "test-token", std::string listen = "tcp://127.0.0.1:0",
+                          std::string transport = "tcp") {
   troupe::RuntimeConfig cfg;
   cfg.listen = std::move(listen);
+  cfg.transport = std::move(transport);
   cfg.cluster_token = std::move(token);
   cfg.log_level = "warn";
   return cfg;
@@ -78,9 +80,11 @@ TEST_CASE("remote: payloads from 0 bytes to 256 MiB arrive intact", "[remote]") 
   }
 }
 
-TEST_CASE("remote: per-sender order holds for concurrent senders", "[remote]") {
-  troupe::Runtime server(net());
-  troupe::Runtime client(net("test-token", ""));
+TEST_CASE("remote: per-sender order holds for concurrent senders, on both transports", "[remote][ucx]") {
+  std::string scheme = GENERATE(as<std::string>{}, "tcp", "ucx");
+  INFO("transport " << scheme);
+  troupe::Runtime server(net("test-token", scheme + "://127.0.0.1:0", scheme));
+  troupe::Runtime client(net("test-token", "", scheme));
   REQUIRE(server.publish("service", server.spawn<Service>()).ok());
   auto remote = client.resolve<Service>(server.address() + "/service").value();
   constexpr int kSenders = 4, kEach = 5000;
@@ -121,9 +125,11 @@ TEST_CASE("remote: a message without a wire declaration is refused before it lea
   CHECK(missing.error().code() == ErrorCode::not_found);
 }
 
-TEST_CASE("remote: a wrong cluster token is refused with a clear error on both sides", "[remote]") {
-  troupe::Runtime server(net("right-token"));
-  troupe::Runtime client(net("wrong-token", ""));
+TEST_CASE("remote: a wrong cluster token is refused with a clear error, on both transports", "[remote][ucx]") {
+  std::string scheme = GENERATE(as<std::string>{}, "tcp", "ucx");
+  INFO("transport " << scheme);
+  troupe::Runtime server(net("right-token", scheme + "://127.0.0.1:0", scheme));
+  troupe::Runtime client(net("wrong-token", "", scheme));
   REQUIRE(server.publish("service", server.spawn<Service>()).ok());
   auto r = client.resolve_any(server.address() + "/service", 5s);
   REQUIRE_FALSE(r.has_value());
@@ -144,9 +150,12 @@ TEST_CASE("remote: monitors of a remote actor fire when it stops", "[remote]") {
   CHECK(reason->kind == troupe::ExitReason::Kind::normal);
 }
 
-TEST_CASE("remote: kill -9 of the peer process fails pending asks with peer_lost within a second", "[remote]") {
-  PeerProcess peer;
-  troupe::Runtime client(net("test-token", ""));
+TEST_CASE("remote: kill -9 of the peer process fails pending asks with peer_lost within a second, on both transports",
+          "[remote][ucx]") {
+  std::string scheme = GENERATE(as<std::string>{}, "tcp", "ucx");
+  INFO("transport " << scheme);
+  PeerProcess peer("test-token", scheme);
+  troupe::Runtime client(net("test-token", "", scheme));
   auto remote = client.resolve<Service>(peer.address() + "/service");
   REQUIRE(remote.has_value());
   REQUIRE(remote->ask(Echo{"alive?"}).get().value() == "echo: alive?");

@@ -285,7 +285,7 @@ class UcxTransport final : public Transport {
 
   void close(PeerId peer, std::string why) override {
     if (in_progress_thread()) {
-      deferred_drops_.emplace_back(peer, Status(ErrorCode::peer_lost, std::move(why)));
+      deferred_drops_.push_back({peer, Status(ErrorCode::peer_lost, std::move(why)), false});
       return;
     }
     drop(peer, Status(ErrorCode::peer_lost, std::move(why)));
@@ -300,7 +300,7 @@ class UcxTransport final : public Transport {
       std::lock_guard<std::mutex> lock(mu_);
       for (auto& [id, ep] : eps_) peers.push_back(id);
     }
-    for (PeerId p : peers) drop(p, Status(ErrorCode::peer_lost, "transport stopped"));
+    for (PeerId p : peers) drop(p, Status(ErrorCode::peer_lost, "transport stopped"), /*force=*/true);
     std::lock_guard<std::mutex> lock(mu_);
     if (listener_) ucp_listener_destroy(listener_);
     listener_ = nullptr;
@@ -348,7 +348,7 @@ class UcxTransport final : public Transport {
       }
       auto drops = std::move(deferred_drops_);
       deferred_drops_.clear();
-      for (auto& [peer, why] : drops) drop(peer, std::move(why));
+      for (auto& d : drops) drop(d.peer, std::move(d.why), d.force);
     }
   }
 
@@ -376,8 +376,10 @@ class UcxTransport final : public Transport {
     return it == eps_.end() ? nullptr : it->second;
   }
 
-  /// Closes an endpoint and reports the peer lost (once). Not inside callbacks.
-  void drop(PeerId peer, Status why) {
+  /// Closes an endpoint and reports the peer lost (once). Not inside
+  /// callbacks. `force` for endpoints UCX reported failed; otherwise what
+  /// was sent (a refusal, a goodbye) is flushed first.
+  void drop(PeerId peer, Status why, bool force = false) {
     std::shared_ptr<Ep> ep;
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -393,7 +395,7 @@ class UcxTransport final : public Transport {
       ep->closed = true;
       ucp_request_param_t p{};
       p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-      p.flags = UCP_EP_CLOSE_FLAG_FORCE;
+      p.flags = force ? UCP_EP_CLOSE_FLAG_FORCE : 0;
       ucs_status_ptr_t r = ucp_ep_close_nbx(ep->handle, &p);
       if (r != nullptr && !UCS_PTR_IS_ERR(r)) ucp_request_free(r);
     }
@@ -429,7 +431,7 @@ class UcxTransport final : public Transport {
   static void on_ep_error(void* arg, ucp_ep_h ep, ucs_status_t status) {
     auto* self = static_cast<UcxTransport*>(arg);
     PeerId id = self->peer_of(ep);
-    if (id != 0) self->deferred_drops_.emplace_back(id, ucx_error("connection lost", status));
+    if (id != 0) self->deferred_drops_.push_back({id, ucx_error("connection lost", status), true});
   }
 
   static ucs_status_t on_am(void* arg, const void*, size_t header_length, void* data, size_t length,
@@ -540,7 +542,7 @@ class UcxTransport final : public Transport {
 
   void reject(PeerId peer, Status why) {
     TROUPE_LOG(warn, "event=bad_frame transport=ucx peer={} reason=\"{}\" action=close_connection", peer, why.message());
-    deferred_drops_.emplace_back(peer, std::move(why));  // always inside a callback
+    deferred_drops_.push_back({peer, std::move(why), false});  // always inside a callback
   }
 
   Events events_;
@@ -559,7 +561,12 @@ class UcxTransport final : public Transport {
   std::unordered_map<uint64_t, PeerId> by_tag_;
   // Progress thread only.
   std::vector<std::pair<PeerId, OutFrame>> deferred_sends_;
-  std::vector<std::pair<PeerId, Status>> deferred_drops_;
+  struct Drop {
+    PeerId peer;
+    Status why;
+    bool force;
+  };
+  std::vector<Drop> deferred_drops_;
   std::vector<PeerId> deferred_hellos_;
   struct TagUpdate {
     PeerId peer;

@@ -515,6 +515,9 @@ void Node::on_frame(transport::PeerId id, transport::InFrame frame) {
   if (!peer) return;
   peer->last_recv_us = now_us();
   if (!peer->ready) {
+    // A refused connection is closing; what it sent after the refusal (or
+    // a second refusal behind the first) changes nothing.
+    if (!peer->refused.ok()) return;
     if (peer->inbound) {
       const auto* hello = std::get_if<wire::Hello>(&frame.message);
       std::string problem;
@@ -527,6 +530,7 @@ void Node::on_frame(transport::PeerId id, transport::InFrame frame) {
         problem = "wrong cluster token (set the same TROUPE_CLUSTER_TOKEN on every node)";
       }
       if (!problem.empty()) {
+        peer->refused = Status(ErrorCode::refused, problem);
         TROUPE_LOG(warn, "event=connection_refused peer={} reason=\"{}\"", id, problem);
         (void)send_frame(*peer, wire::HelloReply{false, node_id_, address_, problem}, {});
         transport_->close(id, "refused: " + problem);
