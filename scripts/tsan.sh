@@ -29,5 +29,8 @@ if [[ ! -f $caf/lib/libcaf_core.so ]]; then
   cmake --build "$caf" --target libcaf_core_shared 2>/dev/null || cmake --build "$caf"
 fi
 BUILD_DIR="$root/build-tsan" bash "$root/scripts/build.sh" -DTROUPE_SANITIZE=thread -DTROUPE_BUILD_BENCH=OFF
+# UCX's memory hooks (libucm patches mmap/madvise at load time) crash under
+# TSan's interceptors at thread exit; troupe does not need them.
+export UCX_MEM_MMAP_HOOK_MODE=${UCX_MEM_MMAP_HOOK_MODE:-none} UCX_MEM_MALLOC_HOOKS=${UCX_MEM_MALLOC_HOOKS:-no}
 LD_LIBRARY_PATH="$caf/lib" TSAN_OPTIONS="halt_on_error=0 second_deadlock_stack=1" \
   "$root/build-tsan/test/troupe_tests" "$@"
