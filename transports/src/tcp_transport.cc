@@ -250,7 +250,12 @@ class TcpTransport final : public Transport {
       add(p.prefix, wire::kPrefixBytes);
       add(p.frame.header.data(), p.frame.header.size());
       add(p.frame.payload.data(), p.frame.payload.size());
-      ssize_t w = ::writev(c.fd, iov, n);
+      // sendmsg with MSG_NOSIGNAL, not writev: writing to a peer that has
+      // gone must be an error here, not a SIGPIPE that kills this process.
+      msghdr msg{};
+      msg.msg_iov = iov;
+      msg.msg_iovlen = static_cast<size_t>(n);
+      ssize_t w = ::sendmsg(c.fd, &msg, MSG_NOSIGNAL);
       if (w < 0) {
         if (errno == EINTR) continue;
         if (errno == EAGAIN || errno == EWOULDBLOCK) {
