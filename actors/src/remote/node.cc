@@ -347,10 +347,23 @@ std::shared_ptr<Node::Peer> Node::peer_for(const std::string& address, Status* w
     *why = ep.error();
     return nullptr;
   }
-  // Connect under the lock: a refusal reported at once must find the peer.
+  // Not under mu_: the transport takes its own locks, and its thread calls
+  // back into this node under them. A loss it reports before the peer is
+  // registered below is remembered in lost_early_ instead.
+  lock.unlock();
   auto id = transport_->connect(*ep);
   if (!id) {
     *why = id.error();
+    return nullptr;
+  }
+  lock.lock();
+  if (auto it = by_address_.find(address); it != by_address_.end()) {
+    // Another thread connected meanwhile: use its connection.
+    transport_->close(*id, "duplicate connection");
+    return it->second;
+  }
+  if (lost_early_.erase(*id) != 0) {
+    *why = Status(ErrorCode::peer_lost, "connect: " + address + " is unreachable");
     return nullptr;
   }
   auto peer = std::make_shared<Peer>();
@@ -749,7 +762,11 @@ void Node::on_lost(transport::PeerId id, Status why) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = peers_.find(id);
-    if (it == peers_.end()) return;
+    if (it == peers_.end()) {
+      // Lost before peer_for registered it (it checks this set).
+      if (lost_early_.size() < 4096) lost_early_.insert(id);
+      return;
+    }
     peer = it->second;
     peers_.erase(it);
     if (auto a = by_address_.find(peer->address); a != by_address_.end() && a->second == peer) {

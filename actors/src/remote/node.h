@@ -14,6 +14,7 @@
 #include <string>
 #include <thread>
 #include <unordered_map>
+#include <unordered_set>
 
 #include <caf/all.hpp>
 
@@ -138,6 +139,7 @@ class Node : public std::enable_shared_from_this<Node> {
   std::unordered_map<std::string, uint64_t> names_;
   std::map<std::pair<std::string, uint64_t>, caf::weak_actor_ptr> proxies_;
   std::unordered_map<uint64_t, PendingResolve> resolves_;
+  std::unordered_set<transport::PeerId> lost_early_;  // see peer_for()
   struct Region {
     std::byte* data;
     size_t size;
