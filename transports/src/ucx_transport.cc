@@ -17,6 +17,7 @@
 #include <random>
 #include <thread>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "log.h"
@@ -151,15 +152,20 @@ class UcxTransport final : public Transport {
     lp.sockaddr.addrlen = sizeof(addr);
     lp.conn_handler.cb = &UcxTransport::on_conn_request;
     lp.conn_handler.arg = this;
-    std::lock_guard<std::mutex> lock(mu_);
-    ucs_status_t s = ucp_listener_create(worker_, &lp, &listener_);
+    // Not under mu_: UCX takes its own lock here, and its callbacks take mu_.
+    ucp_listener_h listener = nullptr;
+    ucs_status_t s = ucp_listener_create(worker_, &lp, &listener);
     if (s != UCS_OK) {
       return error(ErrorCode::invalid_argument, "listen: cannot listen on " + at.to_uri() + ": " +
                                                     ucs_status_string(s) + " (is the port in use?)");
     }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      listener_ = listener;
+    }
     ucp_listener_attr_t attr{};
     attr.field_mask = UCP_LISTENER_ATTR_FIELD_SOCKADDR;
-    ucp_listener_query(listener_, &attr);
+    ucp_listener_query(listener, &attr);
     auto* bound = reinterpret_cast<const sockaddr_in*>(&attr.sockaddr);
     char host[INET_ADDRSTRLEN];
     inet_ntop(AF_INET, &bound->sin_addr, host, sizeof(host));
@@ -301,9 +307,12 @@ class UcxTransport final : public Transport {
       for (auto& [id, ep] : eps_) peers.push_back(id);
     }
     for (PeerId p : peers) drop(p, Status(ErrorCode::peer_lost, "transport stopped"), /*force=*/true);
-    std::lock_guard<std::mutex> lock(mu_);
-    if (listener_) ucp_listener_destroy(listener_);
-    listener_ = nullptr;
+    ucp_listener_h listener = nullptr;
+    {
+      std::lock_guard<std::mutex> lock(mu_);  // only to take the handle: callbacks below take mu_
+      listener = std::exchange(listener_, nullptr);
+    }
+    if (listener) ucp_listener_destroy(listener);
     if (worker_) {
       // Let forced closes finish before the worker goes.
       for (int i = 0; i < 1000 && ucp_worker_progress(worker_) != 0; ++i) {
@@ -332,15 +341,27 @@ class UcxTransport final : public Transport {
   }
 
   /// Sends and closes requested from inside callbacks, in order.
+  /// Everything UCX callbacks could not do under UCX's lock, in order:
+  /// new connections, tags, received frames, sends, closes.
   void run_deferred() {
     while (!deferred_sends_.empty() || !deferred_drops_.empty() || !deferred_hellos_.empty() ||
-           !deferred_tags_.empty()) {
+           !deferred_tags_.empty() || !deferred_frames_.empty() || !deferred_connected_.empty()) {
+      auto connected = std::move(deferred_connected_);
+      deferred_connected_.clear();
+      for (PeerId p : connected) {
+        if (events_.on_connected) events_.on_connected(p, true);
+      }
       auto hellos = std::move(deferred_hellos_);
       deferred_hellos_.clear();
       for (PeerId p : hellos) send_hello(p);
       auto tags = std::move(deferred_tags_);
       deferred_tags_.clear();
       for (auto& t : tags) set_remote_tag(t.peer, t.tag, t.answer);
+      auto frames = std::move(deferred_frames_);
+      deferred_frames_.clear();
+      for (auto& [peer, frame] : frames) {
+        if (events_.on_frame) events_.on_frame(peer, std::move(frame));
+      }
       auto sends = std::move(deferred_sends_);
       deferred_sends_.clear();
       for (auto& [peer, frame] : sends) {
@@ -425,7 +446,7 @@ class UcxTransport final : public Transport {
       return;
     }
     PeerId id = self->add(handle);
-    if (self->events_.on_connected) self->events_.on_connected(id, true);
+    self->deferred_connected_.push_back(id);  // reported after progress returns
   }
 
   static void on_ep_error(void* arg, ucp_ep_h ep, ucs_status_t status) {
@@ -528,7 +549,9 @@ class UcxTransport final : public Transport {
       reject(peer, Status(ErrorCode::malformed, msg.error().message()));
       return;
     }
-    if (events_.on_frame) events_.on_frame(peer, InFrame{std::move(*msg), std::move(payload)});
+    // Handed up after ucp_worker_progress returns: the layer above takes
+    // its own locks and sends, which must not happen under UCX's lock.
+    deferred_frames_.emplace_back(peer, InFrame{std::move(*msg), std::move(payload)});
   }
 
   void finish_recv(RecvRequest* r, ucs_status_t status) {
@@ -574,6 +597,8 @@ class UcxTransport final : public Transport {
     bool answer;
   };
   std::vector<TagUpdate> deferred_tags_;
+  std::vector<std::pair<PeerId, InFrame>> deferred_frames_;
+  std::vector<PeerId> deferred_connected_;
 };
 
 }  // namespace
