@@ -8,6 +8,7 @@
 #include "log.h"
 #include "remote/node.h"
 #include "runtime_impl.h"
+#include "scheduler.h"
 
 namespace troupe::detail {
 
@@ -73,7 +74,9 @@ const char* command_name(Command::Kind k) {
 }
 
 namespace {
-caf::execution_unit* current_context() { return tl_current ? tl_current->context() : nullptr; }
+// Inside a handler: its thread; inside a network poll on an idle scheduler
+// thread: that thread (no hand-off); elsewhere: CAF picks one.
+caf::execution_unit* current_context() { return tl_current ? tl_current->context() : polling_unit(); }
 }  // namespace
 
 void send_command(CellControl* to, Command cmd) {

@@ -49,6 +49,11 @@ RuntimeImpl::RuntimeImpl(RuntimeConfig config) : config_(std::move(config)) {
   } else {
     caf_config_->set("work-stealing.moderate-sleep-duration", caf::timespan(std::chrono::microseconds(5)));
   }
+  // CAF's work-stealing scheduler, plus network polling by idle threads.
+  auto spin = config_.network_spin;
+  caf_config_->module_factories.push_back([this, spin](caf::actor_system& sys) -> caf::actor_system::module* {
+    return new Scheduler(sys, &net_poller_, spin);
+  });
   system_ = std::make_unique<caf::actor_system>(*caf_config_);
   TROUPE_LOG(debug, "event=runtime_started threads={}", config_.threads);
   if (!config_.listen.empty()) {

@@ -15,6 +15,7 @@
 
 #include <caf/all.hpp>
 
+#include "scheduler.h"
 #include "troupe/runtime.h"
 
 namespace troupe::detail {
@@ -51,6 +52,8 @@ class RuntimeImpl {
   Future<ExitReason> monitor(const AnyRef& actor, std::chrono::milliseconds timeout);
   size_t live() const { return static_cast<size_t>(live_.load(std::memory_order_acquire)); }
   Status shutdown();
+  /// What idle scheduler threads poll (the node attaches its transport).
+  NetworkPoller& net_poller() { return net_poller_; }
 
  private:
   /// Waits until `pred` holds (under mu_) or the deadline; false on timeout.
@@ -58,6 +61,7 @@ class RuntimeImpl {
   bool wait_until(std::chrono::steady_clock::time_point deadline, Pred pred);
 
   RuntimeConfig config_;
+  NetworkPoller net_poller_;  // outlives the scheduler that uses it
   std::unique_ptr<caf::actor_system_config> caf_config_;
   std::unique_ptr<caf::actor_system> system_;
   std::atomic<uint64_t> next_id_{1};

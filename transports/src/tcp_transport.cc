@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "log.h"
+#include "progress_gate.h"
 #include "transport.h"
 
 namespace troupe::transport {
@@ -158,11 +159,32 @@ class TcpTransport final : public Transport {
     if (auto c = find(peer)) fail(c, lost(why));
   }
 
+  bool poll() override {
+    if (stopping_.load(std::memory_order_relaxed)) return false;
+    return gate_.try_poll([this] {
+      epoll_event events[kMaxEvents];
+      int n = epoll_wait(epfd_, events, kMaxEvents, 0);
+      if (n <= 0) return false;
+      handle(events, n);
+      return true;
+    });
+  }
+
+  void spin(bool on, bool idle) override {
+    if (on) {
+      gate_.begin_spin();
+    } else {
+      gate_.end_spin(idle);
+    }
+  }
+
   void stop() override {
     if (stopping_.exchange(true)) return;
+    gate_.stop();
     uint64_t one = 1;
     (void)!write(wakefd_, &one, sizeof(one));
     if (thread_.joinable()) thread_.join();
+    std::lock_guard<std::mutex> token(gate_.token());  // against a straggling poller
     std::vector<std::shared_ptr<Conn>> all;
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -321,35 +343,45 @@ class TcpTransport final : public Transport {
   }
 
   void loop() {
-    constexpr int kMaxEvents = 64;
     epoll_event events[kMaxEvents];
-    std::vector<std::byte> buf(1 << 16);
     while (!stopping_.load()) {
+      gate_.wait_for_turn();  // while idle scheduler threads poll, stay out of their way
+      if (stopping_.load()) break;
+      // Waits without the token, so that pollers are not shut out; another
+      // thread may handle these same events first, which leaves them
+      // harmless here (reads find nothing, writes find an empty queue).
       int n = epoll_wait(epfd_, events, kMaxEvents, -1);
       if (n < 0) {
         if (errno == EINTR) continue;
         TROUPE_LOG(err, "event=epoll_failed error=\"{}\"", errno_text(errno));
         return;
       }
-      for (int i = 0; i < n; ++i) {
-        uint64_t tag = events[i].data.u64;
-        if (tag == kWakeTag) {
-          uint64_t drained;
-          (void)!read(wakefd_, &drained, sizeof(drained));
-          continue;
-        }
-        if (tag & kListenTag) {
-          accept_all(static_cast<int>(tag & ~kListenTag));
-          continue;
-        }
-        std::shared_ptr<Conn> c = find(tag);
-        if (!c || c->closed.load()) continue;
-        uint32_t ev = events[i].events;
-        if (ev & EPOLLOUT) on_writable(c);
-        if (!c->closed.load() && (ev & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR))) on_readable(c, buf);
-      }
-      reap();
+      std::lock_guard<std::mutex> token(gate_.token());
+      handle(events, n);
     }
+  }
+
+  /// Reads, writes, accepts and reports for `n` epoll events, then reports
+  /// closed connections. REQUIRES: the gate's token.
+  void handle(const epoll_event* events, int n) {
+    for (int i = 0; i < n; ++i) {
+      uint64_t tag = events[i].data.u64;
+      if (tag == kWakeTag) {
+        uint64_t drained;
+        (void)!read(wakefd_, &drained, sizeof(drained));
+        continue;
+      }
+      if (tag & kListenTag) {
+        accept_all(static_cast<int>(tag & ~kListenTag));
+        continue;
+      }
+      std::shared_ptr<Conn> c = find(tag);
+      if (!c || c->closed.load()) continue;
+      uint32_t ev = events[i].events;
+      if (ev & EPOLLOUT) on_writable(c);
+      if (!c->closed.load() && (ev & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR))) on_readable(c, read_buf_);
+    }
+    reap();
   }
 
   void accept_all(int lfd) {
@@ -469,8 +501,12 @@ class TcpTransport final : public Transport {
     return false;
   }
 
+  static constexpr int kMaxEvents = 64;
+
   Events events_;
   TransportLimits limits_;
+  ProgressGate gate_;
+  std::vector<std::byte> read_buf_ = std::vector<std::byte>(1 << 16);  // under the token
   int epfd_ = -1;
   int wakefd_ = -1;
   std::thread thread_;

@@ -38,8 +38,8 @@ struct Endpoint {
 /// Parses an address; the error says what is wrong with it.
 Result<Endpoint> parse_endpoint(const std::string& uri);
 
-/// What a transport reports. Called on the transport's own thread, one call
-/// at a time; keep them short (hand work to actors).
+/// What a transport reports. Called one at a time, on the transport's own
+/// thread or on a thread inside poll(); keep them short (hand work to actors).
 struct Events {
   /// A frame arrived on `peer`. Frames of one peer arrive in order.
   std::function<void(PeerId peer, InFrame frame)> on_frame;
@@ -77,6 +77,16 @@ class Transport {
   virtual void stop() = 0;
   /// "tcp" or "ucx".
   virtual const char* scheme() const = 0;
+
+  /// Progress on the calling thread, without blocking: receives what has
+  /// arrived and hands it up (Events) from this thread. Does nothing when
+  /// another thread is progressing. True when something happened. For idle
+  /// scheduler threads; see progress_gate.h.
+  virtual bool poll() = 0;
+  /// A thread starts (true) or stops (false) calling poll() in a loop; while
+  /// one does, the transport's own thread sleeps. `idle` on stopping: the
+  /// thread found nothing to do (the transport thread takes over at once).
+  virtual void spin(bool on, bool idle) = 0;
 };
 
 /// TCP: epoll, non-blocking sockets, length-prefixed frames.

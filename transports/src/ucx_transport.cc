@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "log.h"
+#include "progress_gate.h"
 #include "transport.h"
 
 namespace troupe::transport {
@@ -46,6 +47,10 @@ Status ucx_error(const std::string& what, ucs_status_t s) {
 }
 
 class UcxTransport;
+
+/// The transport whose ucp_worker_progress this thread is inside, if any:
+/// its callbacks run under UCX's lock and must defer what takes locks.
+thread_local const UcxTransport* tl_progressing = nullptr;
 
 /// One endpoint. `mu` orders UCX calls on it against its close. Lock
 /// order: never take `mu` while holding UCX's worker lock, which the
@@ -216,9 +221,7 @@ class UcxTransport final : public Transport {
     }
     std::shared_ptr<Ep> ep = find(peer);
     if (!ep) return Status(ErrorCode::peer_lost, "send: connection " + std::to_string(peer) + " is closed");
-    Status s = post(*ep, std::move(frame));
-    ucp_worker_signal(worker_);
-    return s;
+    return post(*ep, std::move(frame));
   }
 
   /// Hands a frame to UCX, or queues it until the connection's tags are
@@ -257,7 +260,11 @@ class UcxTransport final : public Transport {
       delete req;
       return ucx_error("send", UCS_PTR_STATUS(r));
     }
-    if (r == nullptr) delete req;  // done at once
+    if (r == nullptr) {
+      delete req;  // done at once (eager): nobody needs waking
+    } else if (tl_progressing != this) {
+      ucp_worker_signal(worker_);  // in flight: whoever sleeps must progress it
+    }
     return {};
   }
 
@@ -297,10 +304,27 @@ class UcxTransport final : public Transport {
     drop(peer, Status(ErrorCode::peer_lost, std::move(why)));
   }
 
+  bool poll() override {
+    if (stopping_.load(std::memory_order_relaxed)) return false;
+    return gate_.try_poll([this] { return progress_locked(); });
+  }
+
+  void spin(bool on, bool idle) override {
+    if (on) {
+      gate_.begin_spin();
+    } else {
+      gate_.end_spin(idle);
+    }
+  }
+
   void stop() override {
     if (stopping_.exchange(true)) return;
+    gate_.stop();
     if (worker_) ucp_worker_signal(worker_);
     if (thread_.joinable()) thread_.join();
+    // Pollers have been detached by now (the runtime does so before it
+    // stops its node); the token guards against a straggler.
+    std::lock_guard<std::mutex> token(gate_.token());
     std::vector<PeerId> peers;
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -325,27 +349,42 @@ class UcxTransport final : public Transport {
   }
 
  private:
-  bool in_progress_thread() const { return std::this_thread::get_id() == progress_id_.load(); }
+  bool in_progress_thread() const { return tl_progressing == this; }
+
+  /// Progresses until UCX is quiet, then does what callbacks deferred.
+  /// REQUIRES: the gate's token.
+  bool progress_locked() {
+    bool any = false;
+    tl_progressing = this;
+    while (ucp_worker_progress(worker_) != 0) any = true;
+    tl_progressing = nullptr;
+    return run_deferred() || any;
+  }
 
   void loop() {
-    progress_id_ = std::this_thread::get_id();
     while (!stopping_.load()) {
-      while (ucp_worker_progress(worker_) != 0) {
+      gate_.wait_for_turn();  // while idle scheduler threads poll, stay out of their way
+      if (stopping_.load()) break;
+      ucs_status_t s;
+      {
+        std::lock_guard<std::mutex> token(gate_.token());
+        progress_locked();
+        s = ucp_worker_arm(worker_);
       }
-      run_deferred();
-      ucs_status_t s = ucp_worker_arm(worker_);
       if (s == UCS_ERR_BUSY) continue;  // more events arrived: progress again
       pollfd p{efd_, POLLIN, 0};
-      poll(&p, 1, 1000);  // sleeps until UCX or ucp_worker_signal wakes it
+      ::poll(&p, 1, 1000);  // sleeps until UCX or ucp_worker_signal wakes it
     }
   }
 
-  /// Sends and closes requested from inside callbacks, in order.
   /// Everything UCX callbacks could not do under UCX's lock, in order:
-  /// new connections, tags, received frames, sends, closes.
-  void run_deferred() {
+  /// new connections, tags, received frames, sends, closes. True when there
+  /// was any.
+  bool run_deferred() {
+    bool any = false;
     while (!deferred_sends_.empty() || !deferred_drops_.empty() || !deferred_hellos_.empty() ||
            !deferred_tags_.empty() || !deferred_frames_.empty() || !deferred_connected_.empty()) {
+      any = true;
       auto connected = std::move(deferred_connected_);
       deferred_connected_.clear();
       for (PeerId p : connected) {
@@ -371,6 +410,7 @@ class UcxTransport final : public Transport {
       deferred_drops_.clear();
       for (auto& d : drops) drop(d.peer, std::move(d.why), d.force);
     }
+    return any;
   }
 
   PeerId add(ucp_ep_h handle) {
@@ -576,13 +616,13 @@ class UcxTransport final : public Transport {
   int efd_ = -1;
   std::thread thread_;
   std::atomic<bool> stopping_{false};
-  std::atomic<std::thread::id> progress_id_{};
+  ProgressGate gate_;
   std::mutex mu_;  // the maps below; never held across a UCX call
   PeerId next_id_ = 1;
   std::unordered_map<PeerId, std::shared_ptr<Ep>> eps_;
   std::unordered_map<ucp_ep_h, PeerId> by_ep_;
   std::unordered_map<uint64_t, PeerId> by_tag_;
-  // Progress thread only.
+  // Under the gate's token (callbacks and run_deferred).
   std::vector<std::pair<PeerId, OutFrame>> deferred_sends_;
   struct Drop {
     PeerId peer;

@@ -44,6 +44,12 @@ struct RuntimeConfig {
   /// (cross-process round trip halved in bench/transports), worse for one
   /// in-process sender flooding one actor (see docs/architecture.md).
   bool sleep_when_idle = false;
+  /// How long an idle scheduler thread polls the network (once this runtime
+  /// has a network node) before it goes to sleep. Frames it receives run on
+  /// it with no thread hand-off: the difference between a cross-process
+  /// round trip of a few microseconds and one of tens. At most one thread
+  /// per process spins. 0: never; the network thread alone receives.
+  std::chrono::microseconds network_spin{100};
 
   /// Network: where to accept connections from other processes, e.g.
   /// "tcp://0.0.0.0:7000" or "tcp://127.0.0.1:0" (any free port; see

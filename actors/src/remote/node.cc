@@ -261,6 +261,7 @@ Status Node::start() {
     address_ = *bound;
     TROUPE_LOG(info, "event=node_listening address={} node_id={:016x}", address_, node_id_);
   }
+  rt_->net_poller().attach(transport_.get());
   hb_thread_ = std::thread([this] { heartbeat_loop(); });
   return {};
 }
@@ -286,6 +287,7 @@ void Node::stop() {
       p->leaving = true;
       if (p->ready) (void)send_frame(*p, wire::Goodbye{"runtime shutdown"}, {});
     }
+    rt_->net_poller().detach();  // no scheduler thread inside it from here on
     transport_->stop();  // reports every connection lost
   }
   // Proxies whose peer never connected still need to go.
