@@ -22,6 +22,7 @@ std::string_view error_code_name(ErrorCode code) {
     case ErrorCode::peer_lost: return "peer_lost";
     case ErrorCode::refused: return "refused";
     case ErrorCode::malformed: return "malformed";
+    case ErrorCode::unsupported: return "unsupported";
   }
   return "unknown_error_code";
 }

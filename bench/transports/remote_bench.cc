@@ -178,6 +178,8 @@ int main(int argc, char** argv) {
   };
   for (const Case& c : {Case{"tcp", "tcp", "UCX_TLS=tcp", "ratio <= 2"},
                         Case{"ucx", "sm,self", "UCX_TLS=sm (shared memory)", "ratio <= 4"}}) {
+    // BENCH_TRANSPORT=tcp|ucx runs one transport only (for profiling).
+    if (const char* only = std::getenv("BENCH_TRANSPORT"); only && std::string(only) != c.scheme) continue;
     Server server(token, c.scheme);
     if (server.address.empty()) return std::fprintf(stderr, "remote_bench: the server did not start\n"), 1;
     troupe::RuntimeConfig cfg;

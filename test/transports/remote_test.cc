@@ -222,14 +222,32 @@ TEST_CASE("remote: refs inside messages stay usable across the boundary, and com
   CHECK(journal->lines() == std::vector<std::string>{"first", "second"});
 }
 
-TEST_CASE("remote buffer: reading from a process killed with -9 fails with peer_lost", "[remote][buffer]") {
-  PeerProcess peer;
-  troupe::Runtime client(net("test-token", ""));
+TEST_CASE("remote buffer: another process's memory reads and writes intact, and its kill -9 fails reads with "
+          "peer_lost, on both transports",
+          "[remote][buffer][ucx]") {
+  std::string transport = GENERATE("tcp", "ucx");
+  INFO("transport " << transport);
+  PeerProcess peer("test-token", transport);
+  troupe::Runtime client(net("test-token", "", transport));
   auto keeper = client.resolve<BufferKeeper>(peer.address() + "/buffers").value();
   auto handle = keeper.ask(GetBuffer{}).get().value();
+  CHECK(handle.remote_key().empty() == (transport == "tcp"));
   std::vector<uint8_t> local(handle.size());
   REQUIRE(handle.read_into(local.data(), local.size()).get().has_value());
-  for (size_t i = 0; i < local.size(); i += 4093) REQUIRE(local[i] == pattern(i));
+  size_t wrong = 0;
+  for (size_t i = 0; i < local.size(); ++i) wrong += local[i] != pattern(i);
+  CHECK(wrong == 0);
+
+  // A write, read back from the peer's memory.
+  std::vector<uint8_t> mine(1 << 20);
+  for (size_t i = 0; i < mine.size(); ++i) mine[i] = static_cast<uint8_t>(i * 7 + 3);
+  REQUIRE(handle.write_from(mine.data(), mine.size(), 4096).get().has_value());
+  std::vector<uint8_t> back(mine.size() + 2);
+  REQUIRE(handle.read_into(back.data(), back.size(), 4095).get().has_value());
+  CHECK(back.front() == pattern(4095));
+  CHECK(std::equal(mine.begin(), mine.end(), back.begin() + 1));
+  CHECK(back.back() == pattern(4096 + mine.size()));
+
   peer.kill9();
   auto r = handle.read_into(local.data(), local.size(), 0, 10s).get();
   REQUIRE_FALSE(r.has_value());

@@ -170,6 +170,14 @@ class TcpTransport final : public Transport {
     });
   }
 
+  Result<MemoryRegion> register_memory(void*, size_t) override {
+    return error(ErrorCode::unsupported, "tcp: no one-sided access (the node emulates it with frames)");
+  }
+  void deregister_memory(uint64_t) override {}
+  void rma(PeerId, bool, void*, size_t, uint64_t, const std::string&, RmaDone done) override {
+    done(Status(ErrorCode::unsupported, "tcp: no one-sided access (the node emulates it with frames)"));
+  }
+
   void spin(bool on, bool idle) override {
     if (on) {
       gate_.begin_spin();

@@ -50,6 +50,16 @@ struct Events {
   std::function<void(PeerId peer, Status why)> on_lost;
 };
 
+/// A memory region registered for one-sided access by peers.
+struct MemoryRegion {
+  uint64_t id = 0;           // for deregister_memory
+  uint64_t address = 0;      // where it starts, in the owner's address space
+  std::string remote_key;    // what a peer needs to reach it (UCX: a packed rkey)
+};
+
+/// Called once when a one-sided operation completes or fails.
+using RmaDone = std::function<void(Status)>;
+
 /// Bounds that protect a process from its peers.
 struct TransportLimits {
   wire::Limits frame;
@@ -77,6 +87,20 @@ class Transport {
   virtual void stop() = 0;
   /// "tcp" or "ucx".
   virtual const char* scheme() const = 0;
+
+  /// Registers [data, data + size) for one-sided reads and writes by peers.
+  /// Fails with unsupported where the transport has no one-sided access
+  /// (TCP: the layer above emulates it with frames).
+  virtual Result<MemoryRegion> register_memory(void* data, size_t size) = 0;
+  /// Ends a registration (a no-op for unknown ids).
+  virtual void deregister_memory(uint64_t id) = 0;
+  /// Reads (`write` false) `n` bytes at `remote_address` of the peer's
+  /// region into `local`, or writes them from `local`. `done` runs once, on
+  /// a thread that progresses the transport; for writes it means the bytes
+  /// are in the peer's memory, not only that `local` may be reused. `local`
+  /// must stay valid until then. Errors come back through `done` too.
+  virtual void rma(PeerId peer, bool write, void* local, size_t n, uint64_t remote_address,
+                   const std::string& remote_key, RmaDone done) = 0;
 
   /// Progress on the calling thread, without blocking: receives what has
   /// arrived and hands it up (Events) from this thread. Does nothing when

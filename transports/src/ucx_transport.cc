@@ -67,6 +67,15 @@ struct Ep {
   uint64_t local_tag = 0;
   uint64_t remote_tag = 0;  // known once the transport hello is answered
   std::vector<OutFrame> waiting;  // frames sent before that
+  /// Unpacked remote keys of the peer's regions, by packed key. Kept for the
+  /// connection's life: unpacking costs more than a small read.
+  std::unordered_map<std::string, ucp_rkey_h> rkeys;
+};
+
+/// A one-sided operation in flight.
+struct RmaOp {
+  UcxTransport* self;
+  RmaDone done;
 };
 
 // A frame travels as AM data only: payload, then the Cap'n Proto header,
@@ -304,6 +313,114 @@ class UcxTransport final : public Transport {
     drop(peer, Status(ErrorCode::peer_lost, std::move(why)));
   }
 
+  Result<MemoryRegion> register_memory(void* data, size_t size) override {
+    if (size == 0) return MemoryRegion{0, reinterpret_cast<uint64_t>(data), {}};
+    ucp_mem_map_params_t mp{};
+    mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
+    mp.address = data;
+    mp.length = size;
+    ucp_mem_h memh = nullptr;
+    ucs_status_t s = ucp_mem_map(context_, &mp, &memh);
+    if (s != UCS_OK) {
+      return error(ErrorCode::invalid_argument, "register_buffer: ucx cannot register " + std::to_string(size) +
+                                                    " bytes: " + ucs_status_string(s));
+    }
+    void* packed = nullptr;
+    size_t packed_bytes = 0;
+    s = ucp_rkey_pack(context_, memh, &packed, &packed_bytes);
+    if (s != UCS_OK) {
+      ucp_mem_unmap(context_, memh);
+      return error(ErrorCode::invalid_argument, std::string("register_buffer: ucx cannot pack a remote key: ") +
+                                                    ucs_status_string(s));
+    }
+    MemoryRegion region{0, reinterpret_cast<uint64_t>(data), std::string(static_cast<char*>(packed), packed_bytes)};
+    ucp_rkey_buffer_release(packed);
+    std::lock_guard<std::mutex> lock(mu_);
+    region.id = next_region_++;
+    memory_[region.id] = memh;
+    return region;
+  }
+
+  void deregister_memory(uint64_t id) override {
+    ucp_mem_h memh = nullptr;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = memory_.find(id);
+      if (it == memory_.end()) return;
+      memh = it->second;
+      memory_.erase(it);
+    }
+    ucp_mem_unmap(context_, memh);
+  }
+
+  void rma(PeerId peer, bool write, void* local, size_t n, uint64_t remote_address, const std::string& remote_key,
+           RmaDone done) override {
+    Status failed = rma_start(peer, write, local, n, remote_address, remote_key, done);
+    if (!failed.ok()) done(std::move(failed));
+  }
+
+  /// Starts an operation; `done` is kept (and called) only when it returns ok.
+  Status rma_start(PeerId peer, bool write, void* local, size_t n, uint64_t remote_address,
+                   const std::string& remote_key, RmaDone& done) {
+    std::shared_ptr<Ep> ep = find(peer);
+    if (!ep) return Status(ErrorCode::peer_lost, "remote buffer: connection " + std::to_string(peer) + " is closed");
+    std::lock_guard<std::mutex> lock(ep->mu);
+    if (ep->closed) return Status(ErrorCode::peer_lost, "remote buffer: the connection is closed");
+    ucp_rkey_h rkey = nullptr;
+    if (auto it = ep->rkeys.find(remote_key); it != ep->rkeys.end()) {
+      rkey = it->second;
+    } else {
+      ucs_status_t s = ucp_ep_rkey_unpack(ep->handle, remote_key.data(), &rkey);
+      if (s != UCS_OK) {
+        return Status(ErrorCode::malformed, std::string("remote buffer: the region's remote key does not unpack: ") +
+                                                ucs_status_string(s));
+      }
+      ep->rkeys.emplace(remote_key, rkey);
+    }
+    auto* op = new RmaOp{this, std::move(done)};
+    ucp_request_param_t p{};
+    p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+    p.cb.send = [](void* request, ucs_status_t status, void* user_data) {
+      auto* op = static_cast<RmaOp*>(user_data);
+      // Inside progress, under UCX's lock: completions run after it returns.
+      op->self->deferred_rma_.emplace_back(std::move(op->done),
+                                           status == UCS_OK ? Status() : ucx_error("remote buffer", status));
+      delete op;
+      ucp_request_free(request);
+    };
+    p.user_data = op;
+    ucs_status_ptr_t r;
+    if (write) {
+      // A put completes locally; the flush after it completes once the
+      // bytes are in the peer's memory, which is what a writer waits for.
+      ucp_request_param_t plain{};
+      ucs_status_ptr_t put = ucp_put_nbx(ep->handle, local, n, remote_address, rkey, &plain);
+      if (UCS_PTR_IS_ERR(put)) {
+        done = std::move(op->done);
+        delete op;
+        return ucx_error("remote buffer: put", UCS_PTR_STATUS(put));
+      }
+      if (put != nullptr) ucp_request_free(put);  // UCX finishes it; the flush covers it
+      r = ucp_ep_flush_nbx(ep->handle, &p);
+    } else {
+      r = ucp_get_nbx(ep->handle, local, n, remote_address, rkey, &p);
+    }
+    if (UCS_PTR_IS_ERR(r)) {
+      done = std::move(op->done);
+      delete op;
+      return ucx_error(write ? "remote buffer: flush" : "remote buffer: get", UCS_PTR_STATUS(r));
+    }
+    if (r == nullptr) {
+      // Done at once; report outside the endpoint's lock.
+      RmaDone d = std::move(op->done);
+      delete op;
+      d(Status());
+      return {};
+    }
+    if (tl_progressing != this) ucp_worker_signal(worker_);
+    return {};
+  }
+
   bool poll() override {
     if (stopping_.load(std::memory_order_relaxed)) return false;
     return gate_.try_poll([this] { return progress_locked(); });
@@ -338,11 +455,21 @@ class UcxTransport final : public Transport {
     }
     if (listener) ucp_listener_destroy(listener);
     if (worker_) {
-      // Let forced closes finish before the worker goes.
+      // Let forced closes finish before the worker goes; operations still
+      // in flight fail now, not by their timeouts.
+      tl_progressing = this;
       for (int i = 0; i < 1000 && ucp_worker_progress(worker_) != 0; ++i) {
       }
+      tl_progressing = nullptr;
+      run_deferred();
       ucp_worker_destroy(worker_);
     }
+    std::unordered_map<uint64_t, ucp_mem_h> memory;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      memory.swap(memory_);
+    }
+    for (auto& [id, memh] : memory) ucp_mem_unmap(context_, memh);
     worker_ = nullptr;
     if (context_) ucp_cleanup(context_);
     context_ = nullptr;
@@ -383,7 +510,8 @@ class UcxTransport final : public Transport {
   bool run_deferred() {
     bool any = false;
     while (!deferred_sends_.empty() || !deferred_drops_.empty() || !deferred_hellos_.empty() ||
-           !deferred_tags_.empty() || !deferred_frames_.empty() || !deferred_connected_.empty()) {
+           !deferred_tags_.empty() || !deferred_frames_.empty() || !deferred_connected_.empty() ||
+           !deferred_rma_.empty()) {
       any = true;
       auto connected = std::move(deferred_connected_);
       deferred_connected_.clear();
@@ -401,6 +529,9 @@ class UcxTransport final : public Transport {
       for (auto& [peer, frame] : frames) {
         if (events_.on_frame) events_.on_frame(peer, std::move(frame));
       }
+      auto rma_done = std::move(deferred_rma_);
+      deferred_rma_.clear();
+      for (auto& [done, status] : rma_done) done(std::move(status));
       auto sends = std::move(deferred_sends_);
       deferred_sends_.clear();
       for (auto& [peer, frame] : sends) {
@@ -454,6 +585,8 @@ class UcxTransport final : public Transport {
     {
       std::lock_guard<std::mutex> lock(ep->mu);
       ep->closed = true;
+      for (auto& [packed, rkey] : ep->rkeys) ucp_rkey_destroy(rkey);
+      ep->rkeys.clear();
       ucp_request_param_t p{};
       p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
       p.flags = force ? UCP_EP_CLOSE_FLAG_FORCE : 0;
@@ -622,6 +755,8 @@ class UcxTransport final : public Transport {
   std::unordered_map<PeerId, std::shared_ptr<Ep>> eps_;
   std::unordered_map<ucp_ep_h, PeerId> by_ep_;
   std::unordered_map<uint64_t, PeerId> by_tag_;
+  uint64_t next_region_ = 1;
+  std::unordered_map<uint64_t, ucp_mem_h> memory_;  // registered regions
   // Under the gate's token (callbacks and run_deferred).
   std::vector<std::pair<PeerId, OutFrame>> deferred_sends_;
   struct Drop {
@@ -639,6 +774,7 @@ class UcxTransport final : public Transport {
   std::vector<TagUpdate> deferred_tags_;
   std::vector<std::pair<PeerId, InFrame>> deferred_frames_;
   std::vector<PeerId> deferred_connected_;
+  std::vector<std::pair<RmaDone, Status>> deferred_rma_;
 };
 
 }  // namespace

@@ -6,10 +6,12 @@
 //   ...
 //   Status s = to_status(msg.buffer.read_into(local.data(), local.size()).get());   // elsewhere
 //
-// Over TCP the runtime emulates one-sided access with request/response frames
-// (the owner's transport thread copies); the UCX transport will do RMA with
-// the same API. Inside an actor, use the Future's then-free form only from a
-// helper thread, or read from the actor that owns the data.
+// Over UCX a read or write is one-sided (RMA get / put with the region's
+// packed remote key: RDMA on InfiniBand/RoCE, cross-memory attach or shared
+// memory on one host); the owner's threads do nothing. Over TCP the runtime
+// emulates it with request/response frames (the owner's network thread
+// copies). Inside an actor, wait for the Future only from a helper thread, or
+// read from the actor that owns the data. See docs/transports.md.
 #pragma once
 
 #include <chrono>
@@ -52,9 +54,19 @@ class RemoteBuffer {
                           std::chrono::milliseconds timeout = kDefaultTimeout) const;
 
   /// Internal.
-  RemoteBuffer(std::string owner, uint64_t region, uint64_t size, std::shared_ptr<detail::Node> node)
-      : owner_(std::move(owner)), region_(region), size_(size), node_(std::move(node)) {}
+  RemoteBuffer(std::string owner, uint64_t region, uint64_t size, uint64_t address, std::string remote_key,
+               std::shared_ptr<detail::Node> node)
+      : owner_(std::move(owner)),
+        region_(region),
+        size_(size),
+        address_(address),
+        remote_key_(std::move(remote_key)),
+        node_(std::move(node)) {}
   uint64_t region() const { return region_; }
+  /// Internal: where the region starts in the owner, and the transport's key
+  /// for one-sided access to it (empty: reads and writes go by frames).
+  uint64_t address() const { return address_; }
+  const std::string& remote_key() const { return remote_key_; }
 
  private:
   friend struct codec::Codec<RemoteBuffer>;
@@ -62,6 +74,8 @@ class RemoteBuffer {
   std::string owner_;
   uint64_t region_ = 0;
   uint64_t size_ = 0;
+  uint64_t address_ = 0;
+  std::string remote_key_;
   std::shared_ptr<detail::Node> node_;  // the node that serves reads and writes
 };
 
@@ -105,9 +119,14 @@ struct Codec<RemoteBuffer> {
     codec::write(w, b.owner_);
     codec::write(w, b.region_);
     codec::write(w, b.size_);
+    codec::write(w, b.address_);
+    codec::write(w, b.remote_key_);
   }
   static bool read(Reader& r, RemoteBuffer& b) {
-    if (!codec::read(r, b.owner_) || !codec::read(r, b.region_) || !codec::read(r, b.size_)) return false;
+    if (!codec::read(r, b.owner_) || !codec::read(r, b.region_) || !codec::read(r, b.size_) ||
+        !codec::read(r, b.address_) || !codec::read(r, b.remote_key_)) {
+      return false;
+    }
     b.node_ = detail::codec_node();
     return true;
   }

@@ -749,7 +749,7 @@ void Node::on_envelope(const std::shared_ptr<Peer>& peer, const wire::EnvelopeHe
         r->complete_bytes(payload);
       } else {
         auto code = static_cast<ErrorCode>(h.error_code);
-        if (h.error_code == 0 || h.error_code > static_cast<uint8_t>(ErrorCode::malformed)) code = ErrorCode::malformed;
+        if (h.error_code == 0 || h.error_code > static_cast<uint8_t>(ErrorCode::unsupported)) code = ErrorCode::malformed;
         r->fail(Status(code, h.error_message));
       }
       return;
@@ -832,16 +832,30 @@ void Node::on_lost(transport::PeerId id, Status why) {
 Result<RemoteBuffer> Node::register_region(void* data, size_t size) {
   if (data == nullptr && size != 0) return error(ErrorCode::invalid_argument, "register_buffer: null data");
   uint64_t id = next_region_.fetch_add(1);
+  // One-sided access where the transport has it (UCX); else frames.
+  transport::MemoryRegion mr;
+  if (auto r = transport_->register_memory(data, size)) {
+    mr = std::move(*r);
+  } else if (r.error().code() != ErrorCode::unsupported) {
+    return error(r.error());
+  }
   {
     std::lock_guard<std::mutex> lock(mu_);
-    regions_[id] = Region{static_cast<std::byte*>(data), size};
+    regions_[id] = Region{static_cast<std::byte*>(data), size, mr.id};
   }
-  return RemoteBuffer(address_, id, size, shared_from_this());
+  return RemoteBuffer(address_, id, size, mr.address, std::move(mr.remote_key), shared_from_this());
 }
 
 void Node::deregister_region(uint64_t region) {
-  std::lock_guard<std::mutex> lock(mu_);
-  regions_.erase(region);
+  uint64_t transport_region = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = regions_.find(region);
+    if (it == regions_.end()) return;
+    transport_region = it->second.transport_region;
+    regions_.erase(it);
+  }
+  if (transport_region != 0) transport_->deregister_memory(transport_region);
 }
 
 Future<void> Node::region_op(const RemoteBuffer& buffer, void* ptr, size_t n, uint64_t offset, bool write,
@@ -881,6 +895,21 @@ Future<void> Node::region_op(const RemoteBuffer& buffer, void* ptr, size_t n, ui
   auto peer = norm ? peer_for(*norm, &why) : nullptr;
   if (!peer) {
     fail(norm ? why.code() : ErrorCode::invalid_argument, norm ? why.message() : norm.error().message());
+    return future;
+  }
+  bool one_sided = false;
+  if (!buffer.remote_key().empty() && n > 0) {
+    // Once the handshake is done the connection is wired up and the key
+    // unpacks; before that, frames (queued until the handshake) serve.
+    std::lock_guard<std::mutex> lock(mu_);
+    one_sided = peer->ready;
+  }
+  if (one_sided) {
+    transport_->rma(peer->id, write, ptr, n, buffer.address() + offset, buffer.remote_key(),
+                    [reply](Status s) mutable {
+                      auto* st = static_cast<FutureState<void>*>(reply.get());
+                      st->complete(s.ok() ? Result<void>() : Result<void>(error(std::move(s))));
+                    });
     return future;
   }
   uint64_t corr = next_correlation_.fetch_add(1);

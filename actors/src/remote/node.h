@@ -143,6 +143,7 @@ class Node : public std::enable_shared_from_this<Node> {
   struct Region {
     std::byte* data;
     size_t size;
+    uint64_t transport_region;  // 0: not registered with the transport
   };
   std::unordered_map<uint64_t, Region> regions_;
   std::atomic<uint64_t> next_region_{1};

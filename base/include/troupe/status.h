@@ -44,6 +44,9 @@ enum class ErrorCode : uint8_t {
   refused,
   /// Bytes from a peer could not be decoded (malformed, truncated, unknown).
   malformed,
+  /// The operation is not available here (a transport without one-sided
+  /// access, a build without CUDA).
+  unsupported,
 };
 
 /// A stable lowercase name for a code, e.g. "actor_dead".
