@@ -1,15 +1,20 @@
 // Cross-process benchmarks: an actor in this process asks one in another
-// process (a copy of this program started with --serve), over TCP loopback.
-// The raw floor is ucx_perftest on the same machine, same transport and
-// message size, run in the same invocation:
-//   ask round trip  vs 2 x ucp_am_lat one-way latency (UCX_TLS=tcp)
-//   tell throughput vs ucp_am_bw message rate (UCX_TLS=tcp)
+// process (a copy of this program started with --serve), over TCP loopback
+// and over UCX (shared memory). The raw floor is ucx_perftest on the same
+// machine, same transport and message size, run in the same invocation:
+//   ask round trip        vs 2 x ucp_am_lat one-way latency
+//   tell throughput       vs ucp_am_bw message rate
+//   remote-buffer reads   vs ucp_put_bw bandwidth
+// Both processes run one scheduler thread unless BENCH_THREADS says
+// otherwise: two processes on this 2-core machine, one core each, as
+// ucx_perftest runs.
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -39,15 +44,23 @@ struct Tick {
 struct Total {
   TROUPE_MESSAGE(Total);
 };
+struct GetRegion {
+  TROUPE_MESSAGE(GetRegion);
+};
 
-class Echo : public troupe::Actor<Echo, Blob, Tick, Total> {
+constexpr size_t kRegionBytes = size_t{256} << 20;
+
+class Echo : public troupe::Actor<Echo, Blob, Tick, Total, GetRegion> {
  public:
+  explicit Echo(troupe::RemoteBuffer region) : region_(std::move(region)) {}
   std::string handle(Blob&& b) { return std::move(b.data); }
   void handle(const Tick&) { ++ticks_; }
   int64_t handle(const Total&) { return ticks_; }
+  troupe::RemoteBuffer handle(const GetRegion&) { return region_; }
 
  private:
   int64_t ticks_ = 0;
+  troupe::RemoteBuffer region_;
 };
 
 class Pinger : public troupe::bench::Sampler<Pinger, Echo> {
@@ -69,7 +82,7 @@ class Pinger : public troupe::bench::Sampler<Pinger, Echo> {
 
 size_t threads_from_env() {
   const char* t = std::getenv("BENCH_THREADS");
-  return t ? std::strtoul(t, nullptr, 10) : 0;
+  return t ? std::strtoul(t, nullptr, 10) : 1;
 }
 
 /// The runtimes here get their work from the network: sleep_when_idle on,
@@ -87,7 +100,10 @@ int serve(const std::string& token, const std::string& scheme) {
   cfg.threads = threads_from_env();
   cfg.sleep_when_idle = sleep_when_idle();
   troupe::Runtime rt(cfg);
-  auto s = rt.publish("echo", rt.spawn<Echo>());
+  std::vector<char> region(kRegionBytes, 'r');  // touched: no page faults in the measurement
+  auto reg = rt.register_buffer(region.data(), region.size());
+  if (!reg) return std::fprintf(stderr, "serve: %s\n", reg.error().to_string().c_str()), 1;
+  auto s = rt.publish("echo", rt.spawn<Echo>(reg->handle()));
   if (!s.ok()) return std::fprintf(stderr, "serve: %s\n", s.to_string().c_str()), 1;
   std::printf("%s\n", rt.address().c_str());
   std::fflush(stdout);
@@ -132,14 +148,16 @@ struct Server {
 /// numbers: {p50 latency us, average latency us, message rate}.
 struct PerfResult {
   bool ok = false;
-  double p50_us = 0, avg_us = 0, msg_rate = 0;
+  double p50_us = 0, avg_us = 0, msg_rate = 0, bytes_per_s = 0;
 };
-PerfResult ucx_perftest(const std::string& tls, const std::string& test, size_t size, int iters, int port) {
+PerfResult ucx_perftest(const std::string& tls, const std::string& test, size_t size, int iters, int port,
+                        int warmup = 10000) {
   std::string env = "UCX_TLS=" + tls + " UCX_MM_ERROR_HANDLING=y ";
   std::string server = env + "timeout 120 ucx_perftest -p " + std::to_string(port) + " >/dev/null 2>&1 &";
   if (std::system(server.c_str()) != 0) return {};
   std::string client = env + "timeout 120 ucx_perftest 127.0.0.1 -p " + std::to_string(port) + " -t " + test +
-                       " -s " + std::to_string(size) + " -n " + std::to_string(iters) + " 2>&1";
+                       " -s " + std::to_string(size) + " -n " + std::to_string(iters) + " -w " + std::to_string(warmup) +
+                       " 2>&1";
   // The server needs a moment to listen; the client exits at once if it is
   // not there yet, so retry a bounded number of times.
   for (int attempt = 0; attempt < 50; ++attempt) {
@@ -151,7 +169,7 @@ PerfResult ucx_perftest(const std::string& tls, const std::string& test, size_t 
       double iters_done, p50, avg, overall, bw_avg, bw_all, rate_avg, rate_all;
       if (std::sscanf(line, "Final: %lf %lf %lf %lf %lf %lf %lf %lf", &iters_done, &p50, &avg, &overall, &bw_avg,
                       &bw_all, &rate_avg, &rate_all) == 8) {
-        r = {true, p50, avg, rate_all};
+        r = {true, p50, avg, rate_all, bw_all * 1024 * 1024};  // ucx_perftest's MB are MiB
       }
     }
     pclose(p);
@@ -222,6 +240,26 @@ int main(int argc, char** argv) {
            count / secs, "msg/s", std::string("ucx_perftest ucp_am_bw ") + c.raw_name + " message rate",
            raw_bw.ok ? raw_bw.msg_rate : 0,
            std::string(c.scheme) == "ucx" && size == 8 ? "value >= 1000000" : "report");
+    }
+
+    // Remote-buffer reads: one-sided gets over UCX, request/response frames
+    // over TCP. Floor: ucx_perftest ucp_put_bw, same size and transport.
+    auto region = echo->ask(GetRegion{}).get();
+    if (!region) return std::fprintf(stderr, "remote_bench: %s\n", region.error().to_string().c_str()), 1;
+    std::vector<char> local(kRegionBytes, 'l');
+    for (size_t mib : {size_t{1}, size_t{4}, size_t{16}, size_t{64}, size_t{256}}) {
+      size_t bytes = mib << 20;
+      int reps = static_cast<int>(std::max<size_t>(3, (quick ? 512 : 4096) / mib));
+      if (auto w = region->read_into(local.data(), bytes, 0, 600s).get(); !w) {
+        return std::fprintf(stderr, "remote_bench: %s\n", w.error().to_string().c_str()), 1;
+      }
+      auto t0 = std::chrono::steady_clock::now();
+      for (int i = 0; i < reps; ++i) (void)region->read_into(local.data(), bytes, 0, 600s).get();
+      double gbps = static_cast<double>(bytes) * reps / troupe::bench::seconds_since(t0) / 1e9;
+      auto raw = ucx_perftest(c.raw_tls, "ucp_put_bw", bytes, reps, port++, 2);
+      emit(std::string("remote.buffer_read_") + c.scheme + "_" + std::to_string(mib) + "MiB", "bandwidth", gbps,
+           "GB/s", std::string("ucx_perftest ucp_put_bw ") + c.raw_name, raw.ok ? raw.bytes_per_s / 1e9 : 0,
+           std::string(c.scheme) == "ucx" && mib >= 64 ? "ratio >= 0.85" : "report");
     }
   }
   return 0;
