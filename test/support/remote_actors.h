@@ -22,7 +22,8 @@ struct Sum {
 struct Record {
   int sender;
   int n;
-  TROUPE_MESSAGE(Record, sender, n);
+  std::string pad{};  // makes some records large (rendezvous over UCX)
+  TROUPE_MESSAGE(Record, sender, n, pad);
 };
 struct Check {
   TROUPE_MESSAGE(Check);

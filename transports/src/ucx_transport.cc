@@ -13,6 +13,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <mutex>
 #include <random>
 #include <thread>
@@ -89,16 +90,32 @@ struct RmaOp {
 // Appending to the payload usually fits its spare capacity; on the way in,
 // trimming the tail leaves the payload in place, so a rendezvous receive
 // copies nothing.
+//
+// Order: a large frame goes by rendezvous and lands after the small frames
+// sent behind it, so frames of kRendezvousBytes and more are sent as
+// rendezvous on purpose and carry the receiver's tag as their AM header (8
+// bytes: well inside UCX's header bound, and never on the short path): the
+// receiver learns the connection when the rendezvous is announced and holds
+// that connection's later frames back until it has landed.
+constexpr size_t kRendezvousBytes = 64 << 10;
+
 struct SendRequest {
   std::string data;  // payload then header; kept alive until UCX is done
   uint64_t header_bytes = 0;
+  uint64_t tag = 0;  // the AM header of rendezvous frames
+};
+
+/// A frame of a connection, in arrival order; rendezvous ones fill later.
+struct Arrival {
+  bool ready = false;
+  bool failed = false;
+  std::string data;
 };
 
 struct RecvRequest {
   UcxTransport* self;
-  PeerId peer;  // unused: frames are routed by their tag once received
-  uint64_t unused;
-  std::string data;
+  PeerId peer;
+  std::shared_ptr<Arrival> arrival;
 };
 
 class UcxTransport final : public Transport {
@@ -251,11 +268,15 @@ class UcxTransport final : public Transport {
     req->data.append(frame.header);
     req->data.append(reinterpret_cast<const char*>(&req->header_bytes), sizeof(req->header_bytes));
     req->data.append(reinterpret_cast<const char*>(&ep.remote_tag), sizeof(ep.remote_tag));
-    return send_raw(ep.handle, kDataAm, req, 0);
+    if (req->data.size() >= kRendezvousBytes) {
+      req->tag = ep.remote_tag;
+      return send_raw(ep.handle, kDataAm, req, UCP_AM_SEND_FLAG_RNDV, /*with_tag_header=*/true);
+    }
+    return send_raw(ep.handle, kDataAm, req, UCP_AM_SEND_FLAG_EAGER);
   }
 
   /// Sends req->data as an active message; takes ownership of `req`.
-  Status send_raw(ucp_ep_h handle, unsigned am, SendRequest* req, uint32_t flags) {
+  Status send_raw(ucp_ep_h handle, unsigned am, SendRequest* req, uint32_t flags, bool with_tag_header = false) {
     ucp_request_param_t p{};
     p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
     p.flags = flags;
@@ -264,7 +285,8 @@ class UcxTransport final : public Transport {
       ucp_request_free(request);
     };
     p.user_data = req;
-    ucs_status_ptr_t r = ucp_am_send_nbx(handle, am, nullptr, 0, req->data.data(), req->data.size(), &p);
+    ucs_status_ptr_t r = ucp_am_send_nbx(handle, am, with_tag_header ? &req->tag : nullptr,
+                                         with_tag_header ? sizeof(req->tag) : 0, req->data.data(), req->data.size(), &p);
     if (UCS_PTR_IS_ERR(r)) {
       delete req;
       return ucx_error("send", UCS_PTR_STATUS(r));
@@ -628,20 +650,29 @@ class UcxTransport final : public Transport {
     if (id != 0) self->deferred_drops_.push_back({id, ucx_error("connection lost", status), true});
   }
 
-  static ucs_status_t on_am(void* arg, const void*, size_t header_length, void* data, size_t length,
+  static ucs_status_t on_am(void* arg, const void* header, size_t header_length, void* data, size_t length,
                             const ucp_am_recv_param_t* param) {
     auto* self = static_cast<UcxTransport*>(arg);
     constexpr size_t kTrailer = 2 * sizeof(uint64_t);  // header length, receiver tag
+    bool rndv = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;
     // Frames that cannot be ours, or that no limit allows, are dropped unread.
-    if (header_length != 0 || length < kTrailer ||
+    if (header_length != (rndv ? sizeof(uint64_t) : 0) || length < kTrailer ||
         length > self->limits_.frame.max_payload_bytes + self->limits_.frame.max_header_bytes + kTrailer) {
       TROUPE_LOG(warn, "event=bad_frame transport=ucx bytes={} reason=\"not a troupe frame or over the limits\"", length);
       return UCS_OK;
     }
-    if (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) {
-      // Rendezvous: UCX moves the whole frame straight into our buffer;
-      // its connection tag (the last word) is read once it is there.
-      auto* req = new RecvRequest{self, 0, 0, std::string(length, '\0')};
+    if (rndv) {
+      // Rendezvous: UCX moves the whole frame straight into our buffer.
+      // The header names the connection now, so that its later frames wait
+      // for this one (see kRendezvousBytes).
+      uint64_t tag = 0;
+      std::memcpy(&tag, header, sizeof(tag));
+      PeerId peer = self->peer_of_tag(tag);
+      if (peer == 0) return UCS_OK;  // its connection is gone: dropped unread
+      auto arrival = std::make_shared<Arrival>();
+      arrival->data.resize(length);
+      self->arrivals_[peer].push_back(arrival);
+      auto* req = new RecvRequest{self, peer, arrival};
       ucp_request_param_t p{};
       p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
       p.cb.recv_am = [](void* request, ucs_status_t status, size_t, void* user_data) {
@@ -650,7 +681,7 @@ class UcxTransport final : public Transport {
         ucp_request_free(request);
       };
       p.user_data = req;
-      ucs_status_ptr_t r = ucp_am_recv_data_nbx(self->worker_, data, req->data.data(), length, &p);
+      ucs_status_ptr_t r = ucp_am_recv_data_nbx(self->worker_, data, arrival->data.data(), length, &p);
       if (UCS_PTR_IS_ERR(r)) {
         self->finish_recv(req, UCS_PTR_STATUS(r));
       } else if (r == nullptr) {
@@ -660,6 +691,33 @@ class UcxTransport final : public Transport {
     }
     self->route(std::string(static_cast<const char*>(data), length));
     return UCS_OK;
+  }
+
+  /// An eager frame: its connection from the trailing tag; behind a
+  /// rendezvous of that connection still in flight, it waits its turn.
+  void route(std::string data) {
+    uint64_t tag = 0;
+    std::memcpy(&tag, data.data() + data.size() - 8, 8);
+    PeerId peer = peer_of_tag(tag);
+    if (peer == 0) return;
+    if (auto it = arrivals_.find(peer); it != arrivals_.end()) {
+      it->second.push_back(std::make_shared<Arrival>(Arrival{true, false, std::move(data)}));
+      return;
+    }
+    unpack(peer, std::move(data));
+  }
+
+  /// Hands up the connection's frames that are complete, in order.
+  void drain(PeerId peer) {
+    auto it = arrivals_.find(peer);
+    if (it == arrivals_.end()) return;
+    auto& queue = it->second;
+    while (!queue.empty() && queue.front()->ready) {
+      std::shared_ptr<Arrival> a = std::move(queue.front());
+      queue.pop_front();
+      if (!a->failed) unpack(peer, std::move(a->data));
+    }
+    if (queue.empty()) arrivals_.erase(it);
   }
 
   /// Client hello on the server: the client's tag, and (reply flag) its endpoint.
@@ -686,16 +744,15 @@ class UcxTransport final : public Transport {
     return UCS_OK;
   }
 
-  /// Finds the connection from the trailing tag, splits payload | header |
-  /// u64 header length | u64 tag, checks the bounds, and hands the frame up.
-  /// A frame for an unknown tag is dropped (its connection is gone, or the
-  /// sender is not who it claims); bad frames close their connection.
-  void route(std::string data) {
+  /// Splits payload | header | u64 header length | u64 tag, checks the
+  /// bounds, and hands the frame up. A frame whose tag is not its
+  /// connection's is dropped (the sender is not who it claims); bad frames
+  /// close their connection.
+  void unpack(PeerId peer, std::string data) {
     uint64_t tag = 0, header_bytes = 0;
     std::memcpy(&tag, data.data() + data.size() - 8, 8);
     std::memcpy(&header_bytes, data.data() + data.size() - 16, 8);
-    PeerId peer = peer_of_tag(tag);
-    if (peer == 0) return;
+    if (peer_of_tag(tag) != peer) return;
     size_t body = data.size() - 16;
     if (header_bytes == 0 || header_bytes > body || header_bytes > limits_.frame.max_header_bytes) {
       reject(peer, Status(ErrorCode::malformed, "frame: header size " + std::to_string(header_bytes) +
@@ -729,10 +786,11 @@ class UcxTransport final : public Transport {
 
   void finish_recv(RecvRequest* r, ucs_status_t status) {
     if (status != UCS_OK) {
-      TROUPE_LOG(warn, "event=receive_failed transport=ucx error=\"{}\"", ucs_status_string(status));
-    } else {
-      route(std::move(r->data));
+      TROUPE_LOG(warn, "event=receive_failed transport=ucx peer={} error=\"{}\"", r->peer, ucs_status_string(status));
+      r->arrival->failed = true;
     }
+    r->arrival->ready = true;
+    drain(r->peer);
     delete r;
   }
 
@@ -775,6 +833,8 @@ class UcxTransport final : public Transport {
   std::vector<std::pair<PeerId, InFrame>> deferred_frames_;
   std::vector<PeerId> deferred_connected_;
   std::vector<std::pair<RmaDone, Status>> deferred_rma_;
+  /// Connections with a rendezvous frame in flight: their frames in order.
+  std::unordered_map<PeerId, std::deque<std::shared_ptr<Arrival>>> arrivals_;
 };
 
 }  // namespace
