@@ -28,6 +28,7 @@ struct Recorder {
   std::vector<std::pair<PeerId, InFrame>> frames;
   std::vector<PeerId> connected;
   std::vector<std::pair<PeerId, troupe::Status>> lost;
+  std::vector<PeerId> activity;  // mid-frame signs of life
 
   Events events() {
     return Events{
@@ -45,6 +46,10 @@ struct Recorder {
           std::lock_guard<std::mutex> l(mu);
           lost.emplace_back(p, std::move(s));
           cv.notify_all();
+        },
+        [this](PeerId p) {
+          std::lock_guard<std::mutex> l(mu);
+          activity.push_back(p);
         },
     };
   }
@@ -95,7 +100,8 @@ TEST_CASE("tcp: frames arrive in order, both ways, payloads intact", "[transport
   CHECK(beat(client_rec.frames[0].second) == 77);
 }
 
-TEST_CASE("tcp: a 64 MiB payload arrives whole and checksummed", "[transports][tcp]") {
+TEST_CASE("tcp: a 64 MiB payload arrives whole and checksummed, and counts as life while it arrives",
+          "[transports][tcp]") {
   Recorder server_rec, client_rec;
   auto server = make_tcp_transport(server_rec.events(), {});
   auto client = make_tcp_transport(client_rec.events(), {});
@@ -115,6 +121,11 @@ TEST_CASE("tcp: a 64 MiB payload arrives whole and checksummed", "[transports][t
   for (unsigned char c : got) got_sum += c;
   CHECK(got_sum == sum);
   CHECK(got == big);
+  // No whole frame for the length of the transfer, yet the peer was heard
+  // from: the heartbeat deadline must not run out on a large frame.
+  std::lock_guard<std::mutex> l(server_rec.mu);
+  REQUIRE_FALSE(server_rec.activity.empty());
+  CHECK(server_rec.activity[0] == server_rec.frames[0].first);
 }
 
 TEST_CASE("tcp: garbage from a raw socket closes that connection only", "[transports][tcp]") {

@@ -60,6 +60,7 @@ struct Conn {
   std::string header;
   std::string payload;
   size_t body_got = 0;  // bytes of header+payload read so far
+  std::chrono::steady_clock::time_point activity_reported{};
 };
 
 class TcpTransport final : public Transport {
@@ -448,6 +449,15 @@ class TcpTransport final : public Transport {
         return;
       }
       if (!consume(c, buf.data(), static_cast<size_t>(r))) return;
+      if (c->prefix_got == wire::kPrefixBytes && events_.on_activity) {
+        // In the middle of a frame: a large one can take longer than the
+        // peer-death bound to arrive, and its sender is not dead.
+        auto now = std::chrono::steady_clock::now();
+        if (now - c->activity_reported >= kActivityInterval) {
+          c->activity_reported = now;
+          events_.on_activity(c->id);
+        }
+      }
       if (static_cast<size_t>(r) < buf.size()) return;
     }
   }

@@ -3,6 +3,7 @@
 // heartbeats and sequence numbers live one level up (network.h).
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -48,7 +49,14 @@ struct Events {
   /// The connection is gone (closed, reset, refused, malformed input). Called
   /// once per peer; nothing is delivered for it afterwards.
   std::function<void(PeerId peer, Status why)> on_lost;
+  /// Part of a frame arrived (a large frame is still coming): the peer is
+  /// alive even though no whole frame has landed for a while. At most
+  /// about every kActivityInterval per connection. Optional.
+  std::function<void(PeerId peer)> on_activity;
 };
+
+/// How often on_activity is reported, at most, per connection.
+inline constexpr std::chrono::milliseconds kActivityInterval{100};
 
 /// A memory region registered for one-sided access by peers.
 struct MemoryRegion {

@@ -533,7 +533,7 @@ class UcxTransport final : public Transport {
     bool any = false;
     while (!deferred_sends_.empty() || !deferred_drops_.empty() || !deferred_hellos_.empty() ||
            !deferred_tags_.empty() || !deferred_frames_.empty() || !deferred_connected_.empty() ||
-           !deferred_rma_.empty()) {
+           !deferred_rma_.empty() || !deferred_activity_.empty()) {
       any = true;
       auto connected = std::move(deferred_connected_);
       deferred_connected_.clear();
@@ -551,6 +551,9 @@ class UcxTransport final : public Transport {
       for (auto& [peer, frame] : frames) {
         if (events_.on_frame) events_.on_frame(peer, std::move(frame));
       }
+      auto activity = std::move(deferred_activity_);
+      deferred_activity_.clear();
+      for (PeerId p : activity) events_.on_activity(p);
       auto rma_done = std::move(deferred_rma_);
       deferred_rma_.clear();
       for (auto& [done, status] : rma_done) done(std::move(status));
@@ -669,6 +672,8 @@ class UcxTransport final : public Transport {
       std::memcpy(&tag, header, sizeof(tag));
       PeerId peer = self->peer_of_tag(tag);
       if (peer == 0) return UCS_OK;  // its connection is gone: dropped unread
+      // The announcement is a sign of life; the data may take a while.
+      if (self->events_.on_activity) self->deferred_activity_.push_back(peer);
       auto arrival = std::make_shared<Arrival>();
       arrival->data.resize(length);
       self->arrivals_[peer].push_back(arrival);
@@ -833,6 +838,7 @@ class UcxTransport final : public Transport {
   std::vector<std::pair<PeerId, InFrame>> deferred_frames_;
   std::vector<PeerId> deferred_connected_;
   std::vector<std::pair<RmaDone, Status>> deferred_rma_;
+  std::vector<PeerId> deferred_activity_;
   /// Connections with a rendezvous frame in flight: their frames in order.
   std::unordered_map<PeerId, std::deque<std::shared_ptr<Arrival>>> arrivals_;
 };

@@ -245,6 +245,9 @@ Status Node::start() {
       [this](transport::PeerId p, transport::InFrame f) { on_frame(p, std::move(f)); },
       [this](transport::PeerId p, bool inbound) { on_connected(p, inbound); },
       [this](transport::PeerId p, Status s) { on_lost(p, std::move(s)); },
+      [this](transport::PeerId p) {
+        if (auto peer = find_peer(p)) peer->last_recv_us = now_us();
+      },
   };
   if (scheme == "ucx") {
     auto t = transport::make_ucx_transport(std::move(events), limits);
