@@ -1,5 +1,7 @@
 #include "node.h"
 
+#include "cuda_staging.h"
+
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -656,11 +658,16 @@ void Node::on_frame(transport::PeerId id, transport::InFrame frame) {
               if (frame.payload.size() != m.length) {
                 error_text = "remote buffer: write of " + std::to_string(m.length) + " bytes carried " +
                              std::to_string(frame.payload.size());
-              } else {
-                std::memcpy(it->second.data + m.offset, frame.payload.data(), m.length);
+              } else if (Status s = cuda::copy(it->second.data + m.offset, frame.payload.data(), m.length);
+                         !s.ok()) {
+                error_text = s.message();
               }
             } else {
-              bytes.assign(reinterpret_cast<const char*>(it->second.data + m.offset), m.length);
+              bytes.resize(m.length);
+              if (Status s = cuda::copy(bytes.data(), it->second.data + m.offset, m.length); !s.ok()) {
+                error_text = s.message();
+                bytes.clear();
+              }
             }
           }
           (void)send_frame(*peer, wire::RegionResponse{m.correlation, error_text}, std::move(bytes));
@@ -679,8 +686,11 @@ void Node::on_frame(transport::PeerId id, transport::InFrame frame) {
           } else if (op.dst != nullptr && frame.payload.size() != op.n) {
             st->complete(Result<void>(error(ErrorCode::malformed, "remote buffer: read of " + std::to_string(op.n) +
                                                                       " bytes got " + std::to_string(frame.payload.size()))));
+          } else if (Status s = op.dst != nullptr && op.n != 0 ? cuda::copy(op.dst, frame.payload.data(), op.n)
+                                                                : Status();
+                     !s.ok()) {
+            st->complete(Result<void>(error(std::move(s))));
           } else {
-            if (op.dst != nullptr && op.n != 0) std::memcpy(op.dst, frame.payload.data(), op.n);
             st->complete(Result<void>());
           }
         } else if constexpr (std::is_same_v<T, wire::Goodbye>) {
@@ -835,9 +845,13 @@ void Node::on_lost(transport::PeerId id, Status why) {
 Result<RemoteBuffer> Node::register_region(void* data, size_t size) {
   if (data == nullptr && size != 0) return error(ErrorCode::invalid_argument, "register_buffer: null data");
   uint64_t id = next_region_.fetch_add(1);
-  // One-sided access where the transport has it (UCX); else frames.
+  // One-sided access where the transport has it (UCX); else frames. Device
+  // memory always goes by frames, staged through pinned host memory
+  // (cuda_staging.h).
   transport::MemoryRegion mr;
-  if (auto r = transport_->register_memory(data, size)) {
+  if (cuda::is_device(data)) {
+    // no transport registration
+  } else if (auto r = transport_->register_memory(data, size)) {
     mr = std::move(*r);
   } else if (r.error().code() != ErrorCode::unsupported) {
     return error(r.error());
@@ -880,12 +894,8 @@ Future<void> Node::region_op(const RemoteBuffer& buffer, void* ptr, size_t n, ui
     if (it == regions_.end()) {
       fail(ErrorCode::not_found, "remote buffer: region " + std::to_string(buffer.region()) + " is not registered");
     } else {
-      if (write) {
-        std::memcpy(it->second.data + offset, ptr, n);
-      } else {
-        std::memcpy(ptr, it->second.data + offset, n);
-      }
-      state->complete(Result<void>());
+      Status s = write ? cuda::copy(it->second.data + offset, ptr, n) : cuda::copy(ptr, it->second.data + offset, n);
+      state->complete(s.ok() ? Result<void>() : Result<void>(error(std::move(s))));
     }
     return future;
   }
@@ -901,7 +911,7 @@ Future<void> Node::region_op(const RemoteBuffer& buffer, void* ptr, size_t n, ui
     return future;
   }
   bool one_sided = false;
-  if (!buffer.remote_key().empty() && n > 0) {
+  if (!buffer.remote_key().empty() && n > 0 && !cuda::is_device(ptr)) {
     // Once the handshake is done the connection is wired up and the key
     // unpacks; before that, frames (queued until the handshake) serve.
     std::lock_guard<std::mutex> lock(mu_);
@@ -921,7 +931,14 @@ Future<void> Node::region_op(const RemoteBuffer& buffer, void* ptr, size_t n, ui
     region_ops_[corr] = PendingRegionOp{reply, write ? nullptr : ptr, n, *norm};
   }
   std::string payload;
-  if (write) payload.assign(static_cast<const char*>(ptr), n);
+  if (write) {
+    payload.resize(n);
+    if (Status s = cuda::copy(payload.data(), ptr, n); !s.ok()) {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (region_ops_.erase(corr)) fail(s.code(), s.message());
+      return future;
+    }
+  }
   Status s = send_frame(*peer, wire::RegionRequest{corr, buffer.region(), offset, n, write}, std::move(payload));
   if (!s.ok()) {
     std::lock_guard<std::mutex> lock(mu_);
