@@ -211,6 +211,7 @@ int main(int argc, char** argv) {
     if (!echo) return std::fprintf(stderr, "remote_bench: %s\n", echo.error().to_string().c_str()), 1;
     for (size_t size : {size_t{8}, size_t{4096}}) {
       int n = quick ? 2000 : 20000;
+      if (const char* asks = std::getenv("BENCH_ASKS")) n = std::atoi(asks);  // longer runs for profiling
       auto pinger = rt.spawn<Pinger>(size);
       auto samples = pinger.ask(troupe::bench::RunSamples<Echo>{*echo, n}, 600s).get();
       if (!samples) return std::fprintf(stderr, "remote_bench: %s\n", samples.error().to_string().c_str()), 1;
@@ -230,6 +231,7 @@ int main(int argc, char** argv) {
       for (int64_t i = 0; i < count; ++i) {
         while (echo->tell(Tick{payload}).code() == troupe::ErrorCode::mailbox_full) std::this_thread::sleep_for(20us);
       }
+      if (std::getenv("BENCH_DEBUG")) std::fprintf(stderr, "sent in %.3f s\n", troupe::bench::seconds_since(t0));
       auto after = echo->ask(Total{}, 600s).get().value_or(0);
       double secs = troupe::bench::seconds_since(t0);
       if (after - before != count) {

@@ -33,6 +33,7 @@ namespace {
 constexpr unsigned kDataAm = 7;   // a frame (no reply flag)
 constexpr unsigned kHelloAm = 8;  // client -> server: its tag (reply flag)
 constexpr unsigned kAckAm = 9;    // server -> client: both tags
+constexpr unsigned kBatchAm = 10; // several small frames in one message
 
 uint64_t random_tag() {
   static thread_local std::mt19937_64 rng(std::random_device{}());
@@ -59,6 +60,7 @@ thread_local const UcxTransport* tl_progressing = nullptr;
 /// and closes until ucp_worker_progress returns.
 struct Ep {
   std::mutex mu;
+  PeerId id = 0;
   ucp_ep_h handle = nullptr;
   bool closed = false;
   /// Tags route frames to connections without UCX's reply flag (see
@@ -68,6 +70,14 @@ struct Ep {
   uint64_t local_tag = 0;
   uint64_t remote_tag = 0;  // known once the transport hello is answered
   std::vector<OutFrame> waiting;  // frames sent before that
+  /// Coalescing: while UCX still holds frames of this connection (the
+  /// receiver's queue is full), small frames gather in `batch` and leave as
+  /// one message when those complete. Frames go out one per message when
+  /// nothing is in flight, so coalescing costs latency only under load.
+  int in_flight = 0;
+  size_t in_flight_bytes = 0;
+  std::string batch;
+  uint64_t batch_frames = 0;
   /// Unpacked remote keys of the peer's regions, by packed key. Kept for the
   /// connection's life: unpacking costs more than a small read.
   std::unordered_map<std::string, ucp_rkey_h> rkeys;
@@ -103,13 +113,21 @@ struct SendRequest {
   std::string data;  // payload then header; kept alive until UCX is done
   uint64_t header_bytes = 0;
   uint64_t tag = 0;  // the AM header of rendezvous frames
+  PeerId peer = 0;   // set for frames counted in the connection's in_flight
+  UcxTransport* self = nullptr;
 };
+
+// A batch: per frame u64 payload bytes, u64 header bytes, payload, header;
+// then u64 frame count and u64 receiver tag. Below kRendezvousBytes, so
+// always eager.
+constexpr size_t kBatchBytes = 32 << 10;
 
 /// A frame of a connection, in arrival order; rendezvous ones fill later.
 struct Arrival {
   bool ready = false;
   bool failed = false;
   std::string data;
+  bool batch = false;  // a kBatchAm message (several frames)
 };
 
 struct RecvRequest {
@@ -150,6 +168,10 @@ class UcxTransport final : public Transport {
     ap.flags = UCP_AM_FLAG_WHOLE_MSG;
     s = ucp_worker_set_am_recv_handler(worker_, &ap);
     if (s != UCS_OK) return ucx_error("ucx: registering the message handler", s);
+    ap.id = kBatchAm;
+    ap.cb = &UcxTransport::on_batch;
+    s = ucp_worker_set_am_recv_handler(worker_, &ap);
+    if (s != UCS_OK) return ucx_error("ucx: registering the batch handler", s);
     ap.id = kHelloAm;
     ap.cb = &UcxTransport::on_hello;
     s = ucp_worker_set_am_recv_handler(worker_, &ap);
@@ -264,27 +286,68 @@ class UcxTransport final : public Transport {
 
   /// REQUIRES: ep.mu held, remote tag known.
   Status post_locked(Ep& ep, OutFrame frame) {
+    size_t bytes = frame.payload.size() + frame.header.size() + 16;
+    if (ep.in_flight_bytes + ep.batch.size() + bytes > limits_.max_send_queue_bytes && ep.in_flight > 0) {
+      return Status(ErrorCode::mailbox_full, "send: " + std::to_string(ep.in_flight_bytes + ep.batch.size()) +
+                                                 " bytes to peer " + std::to_string(ep.id) +
+                                                 " are still queued; the peer is slow or stuck");
+    }
+    if (ep.in_flight > 0 && bytes < kBatchBytes) {
+      if (ep.batch.size() + bytes > kBatchBytes) {
+        if (Status s = flush_batch_locked(ep); !s.ok()) return s;
+      }
+      uint64_t lengths[2] = {frame.payload.size(), frame.header.size()};
+      ep.batch.append(reinterpret_cast<const char*>(lengths), sizeof(lengths));
+      ep.batch.append(frame.payload);
+      ep.batch.append(frame.header);
+      ++ep.batch_frames;
+      return {};
+    }
+    if (Status s = flush_batch_locked(ep); !s.ok()) return s;  // what gathered goes first
     auto* req = new SendRequest{std::move(frame.payload), frame.header.size()};
     req->data.append(frame.header);
     req->data.append(reinterpret_cast<const char*>(&req->header_bytes), sizeof(req->header_bytes));
     req->data.append(reinterpret_cast<const char*>(&ep.remote_tag), sizeof(ep.remote_tag));
+    req->peer = ep.id;
     if (req->data.size() >= kRendezvousBytes) {
       req->tag = ep.remote_tag;
-      return send_raw(ep.handle, kDataAm, req, UCP_AM_SEND_FLAG_RNDV, /*with_tag_header=*/true);
+      return send_raw(&ep, ep.handle, kDataAm, req, UCP_AM_SEND_FLAG_RNDV, /*with_tag_header=*/true);
     }
-    return send_raw(ep.handle, kDataAm, req, UCP_AM_SEND_FLAG_EAGER);
+    return send_raw(&ep, ep.handle, kDataAm, req, UCP_AM_SEND_FLAG_EAGER);
   }
 
-  /// Sends req->data as an active message; takes ownership of `req`.
-  Status send_raw(ucp_ep_h handle, unsigned am, SendRequest* req, uint32_t flags, bool with_tag_header = false) {
+  /// Sends what gathered in the connection's batch, as one message.
+  /// REQUIRES: ep.mu held.
+  Status flush_batch_locked(Ep& ep) {
+    if (ep.batch_frames == 0) return {};
+    auto* req = new SendRequest{std::move(ep.batch), 0};
+    req->data.append(reinterpret_cast<const char*>(&ep.batch_frames), sizeof(ep.batch_frames));
+    req->data.append(reinterpret_cast<const char*>(&ep.remote_tag), sizeof(ep.remote_tag));
+    req->peer = ep.id;
+    ep.batch = std::string();
+    ep.batch_frames = 0;
+    return send_raw(&ep, ep.handle, kBatchAm, req, UCP_AM_SEND_FLAG_EAGER);
+  }
+
+  /// Sends req->data as an active message; takes ownership of `req`. With
+  /// `ep` (whose mu is held), a message UCX keeps counts as in flight.
+  Status send_raw(Ep* ep, ucp_ep_h handle, unsigned am, SendRequest* req, uint32_t flags,
+                  bool with_tag_header = false) {
     ucp_request_param_t p{};
     p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
     p.flags = flags;
     p.cb.send = [](void* request, ucs_status_t, void* user_data) {
-      delete static_cast<SendRequest*>(user_data);
+      auto* req = static_cast<SendRequest*>(user_data);
+      // Inside progress, under UCX's lock: the connection's books (its
+      // mutex) are settled after progress returns.
+      if (req->peer != 0) req->self->deferred_sent_.emplace_back(req->peer, req->data.size());
+      delete req;
       ucp_request_free(request);
     };
     p.user_data = req;
+    req->self = this;
+    size_t bytes = req->data.size();
+    bool counted = ep != nullptr && req->peer != 0;
     ucs_status_ptr_t r = ucp_am_send_nbx(handle, am, with_tag_header ? &req->tag : nullptr,
                                          with_tag_header ? sizeof(req->tag) : 0, req->data.data(), req->data.size(), &p);
     if (UCS_PTR_IS_ERR(r)) {
@@ -293,10 +356,28 @@ class UcxTransport final : public Transport {
     }
     if (r == nullptr) {
       delete req;  // done at once (eager): nobody needs waking
-    } else if (tl_progressing != this) {
-      ucp_worker_signal(worker_);  // in flight: whoever sleeps must progress it
+      return {};
     }
+    if (counted) {
+      ++ep->in_flight;
+      ep->in_flight_bytes += bytes;
+    } else {
+      req->peer = 0;
+    }
+    if (tl_progressing != this) ucp_worker_signal(worker_);  // in flight: whoever sleeps must progress it
     return {};
+  }
+
+  /// A counted message of `peer` completed: when none is left in flight,
+  /// what gathered meanwhile goes out.
+  void sent(PeerId peer, size_t bytes) {
+    auto ep = find(peer);
+    if (!ep) return;
+    std::lock_guard<std::mutex> lock(ep->mu);
+    if (ep->closed || ep->in_flight == 0) return;
+    --ep->in_flight;
+    ep->in_flight_bytes -= std::min(ep->in_flight_bytes, bytes);
+    if (ep->in_flight == 0) (void)flush_batch_locked(*ep);
   }
 
   /// Client side of the transport hello: our tag, with the reply flag so
@@ -307,7 +388,7 @@ class UcxTransport final : public Transport {
     std::lock_guard<std::mutex> lock(ep->mu);
     if (ep->closed) return;
     auto* req = new SendRequest{std::string(reinterpret_cast<const char*>(&ep->local_tag), sizeof(uint64_t)), 0};
-    (void)send_raw(ep->handle, kHelloAm, req, UCP_AM_SEND_FLAG_REPLY);
+    (void)send_raw(nullptr, ep->handle, kHelloAm, req, UCP_AM_SEND_FLAG_REPLY);
   }
 
   /// Both sides: the peer's tag is known; send what waited.
@@ -321,7 +402,7 @@ class UcxTransport final : public Transport {
       std::string ack(16, '\0');
       std::memcpy(ack.data(), &tag, 8);
       std::memcpy(ack.data() + 8, &ep->local_tag, 8);
-      (void)send_raw(ep->handle, kAckAm, new SendRequest{std::move(ack), 0}, 0);
+      (void)send_raw(nullptr, ep->handle, kAckAm, new SendRequest{std::move(ack), 0}, 0);
     }
     for (auto& f : ep->waiting) (void)post_locked(*ep, std::move(f));
     ep->waiting.clear();
@@ -533,7 +614,7 @@ class UcxTransport final : public Transport {
     bool any = false;
     while (!deferred_sends_.empty() || !deferred_drops_.empty() || !deferred_hellos_.empty() ||
            !deferred_tags_.empty() || !deferred_frames_.empty() || !deferred_connected_.empty() ||
-           !deferred_rma_.empty() || !deferred_activity_.empty()) {
+           !deferred_rma_.empty() || !deferred_activity_.empty() || !deferred_sent_.empty()) {
       any = true;
       auto connected = std::move(deferred_connected_);
       deferred_connected_.clear();
@@ -557,6 +638,9 @@ class UcxTransport final : public Transport {
       auto rma_done = std::move(deferred_rma_);
       deferred_rma_.clear();
       for (auto& [done, status] : rma_done) done(std::move(status));
+      auto sent_ = std::move(deferred_sent_);
+      deferred_sent_.clear();
+      for (auto& [peer, bytes] : sent_) sent(peer, bytes);
       auto sends = std::move(deferred_sends_);
       deferred_sends_.clear();
       for (auto& [peer, frame] : sends) {
@@ -575,6 +659,7 @@ class UcxTransport final : public Transport {
     ep->local_tag = random_tag();
     std::lock_guard<std::mutex> lock(mu_);
     PeerId id = next_id_++;
+    ep->id = id;
     eps_[id] = ep;
     by_ep_[handle] = id;
     by_tag_[ep->local_tag] = id;
@@ -698,18 +783,60 @@ class UcxTransport final : public Transport {
     return UCS_OK;
   }
 
-  /// An eager frame: its connection from the trailing tag; behind a
-  /// rendezvous of that connection still in flight, it waits its turn.
-  void route(std::string data) {
+  /// Several small frames of one connection in one message (see kBatchAm).
+  static ucs_status_t on_batch(void* arg, const void*, size_t header_length, void* data, size_t length,
+                               const ucp_am_recv_param_t* param) {
+    auto* self = static_cast<UcxTransport*>(arg);
+    if (header_length != 0 || (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) || length < 16 ||
+        length > kBatchBytes + 16) {
+      TROUPE_LOG(warn, "event=bad_frame transport=ucx bytes={} reason=\"not a troupe batch\"", length);
+      return UCS_OK;
+    }
+    self->route(std::string(static_cast<const char*>(data), length), /*batch=*/true);
+    return UCS_OK;
+  }
+
+  /// An eager frame or batch: its connection from the trailing tag; behind
+  /// a rendezvous of that connection still in flight, it waits its turn.
+  void route(std::string data, bool batch = false) {
     uint64_t tag = 0;
     std::memcpy(&tag, data.data() + data.size() - 8, 8);
     PeerId peer = peer_of_tag(tag);
     if (peer == 0) return;
     if (auto it = arrivals_.find(peer); it != arrivals_.end()) {
-      it->second.push_back(std::make_shared<Arrival>(Arrival{true, false, std::move(data)}));
+      it->second.push_back(std::make_shared<Arrival>(Arrival{true, false, std::move(data), batch}));
       return;
     }
-    unpack(peer, std::move(data));
+    batch ? unpack_batch(peer, std::move(data)) : unpack(peer, std::move(data));
+  }
+
+  /// Splits a batch into its frames and hands them up in order; a batch
+  /// that does not add up closes its connection.
+  void unpack_batch(PeerId peer, std::string data) {
+    uint64_t count = 0, tag = 0;
+    std::memcpy(&tag, data.data() + data.size() - 8, 8);
+    std::memcpy(&count, data.data() + data.size() - 16, 8);
+    if (peer_of_tag(tag) != peer) return;
+    size_t end = data.size() - 16, pos = 0;
+    for (uint64_t i = 0; i < count; ++i) {
+      uint64_t lengths[2];
+      if (end - pos < sizeof(lengths)) break;
+      std::memcpy(lengths, data.data() + pos, sizeof(lengths));
+      pos += sizeof(lengths);
+      uint64_t payload_bytes = lengths[0], header_bytes = lengths[1];
+      if (header_bytes == 0 || header_bytes > limits_.frame.max_header_bytes || payload_bytes > end - pos ||
+          header_bytes > end - pos - payload_bytes) {
+        break;
+      }
+      std::string payload = data.substr(pos, payload_bytes);
+      std::string_view header(data.data() + pos + payload_bytes, header_bytes);
+      pos += payload_bytes + header_bytes;
+      if (!deliver(peer, header, std::move(payload))) return;  // closed already
+      if (i + 1 == count && pos == end) return;
+    }
+    if (count == 0 && pos == end) return;
+    reject(peer, Status(ErrorCode::malformed, "frame: a batch of " + std::to_string(count) +
+                                                  " frames does not add up to its " + std::to_string(end) + " bytes"));
   }
 
   /// Hands up the connection's frames that are complete, in order.
@@ -720,7 +847,8 @@ class UcxTransport final : public Transport {
     while (!queue.empty() && queue.front()->ready) {
       std::shared_ptr<Arrival> a = std::move(queue.front());
       queue.pop_front();
-      if (!a->failed) unpack(peer, std::move(a->data));
+      if (a->failed) continue;
+      a->batch ? unpack_batch(peer, std::move(a->data)) : unpack(peer, std::move(a->data));
     }
     if (queue.empty()) arrivals_.erase(it);
   }
@@ -776,17 +904,19 @@ class UcxTransport final : public Transport {
     deliver(peer, header, std::move(data));
   }
 
-  /// Decodes a header and hands the frame up; bad headers close the peer.
-  void deliver(PeerId peer, std::string_view header, std::string payload) {
+  /// Decodes a header and hands the frame up; bad headers close the peer
+  /// (false).
+  bool deliver(PeerId peer, std::string_view header, std::string payload) {
     auto msg = wire::decode(std::span<const std::byte>(reinterpret_cast<const std::byte*>(header.data()), header.size()),
                             limits_.frame);
     if (!msg) {
       reject(peer, Status(ErrorCode::malformed, msg.error().message()));
-      return;
+      return false;
     }
     // Handed up after ucp_worker_progress returns: the layer above takes
     // its own locks and sends, which must not happen under UCX's lock.
     deferred_frames_.emplace_back(peer, InFrame{std::move(*msg), std::move(payload)});
+    return true;
   }
 
   void finish_recv(RecvRequest* r, ucs_status_t status) {
@@ -839,6 +969,7 @@ class UcxTransport final : public Transport {
   std::vector<PeerId> deferred_connected_;
   std::vector<std::pair<RmaDone, Status>> deferred_rma_;
   std::vector<PeerId> deferred_activity_;
+  std::vector<std::pair<PeerId, size_t>> deferred_sent_;  // counted messages UCX finished
   /// Connections with a rendezvous frame in flight: their frames in order.
   std::unordered_map<PeerId, std::deque<std::shared_ptr<Arrival>>> arrivals_;
 };
