@@ -2,9 +2,12 @@
 // errors, monitors), failures are prompt (peer_lost), wrong tokens and bad
 // messages are refused with clear errors. Uses real OS processes where a
 // process has to die.
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -21,6 +24,8 @@
 #include "support/journal.h"
 #include "support/peer_process.h"
 #include "support/remote_actors.h"
+#include "transport.h"
+#include "wire.h"
 
 using namespace std::chrono_literals;
 using namespace troupe::test;
@@ -291,4 +296,63 @@ TEST_CASE("remote: an idle process with open connections uses almost no CPU", "[
   CHECK(used / wall < 0.03);  // heartbeats and idle scheduler checks only
   // The connection is still up.
   CHECK(remote.ask(Echo{"still here"}).get().has_value());
+}
+
+namespace {
+/// A raw TCP connection that speaks troupe's framing, for tests that play a
+/// peer node by hand.
+class RawPeer {
+ public:
+  explicit RawPeer(const std::string& address) {
+    auto at = troupe::transport::parse_endpoint(address).value();
+    fd_ = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(at.port);
+    inet_pton(AF_INET, at.host.c_str(), &a.sin_addr);
+    REQUIRE(::connect(fd_, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0);
+  }
+  ~RawPeer() { ::close(fd_); }
+  void send(const troupe::wire::Message& m) {
+    std::string header = troupe::wire::encode(m);
+    std::byte prefix[troupe::wire::kPrefixBytes];
+    troupe::wire::write_prefix(prefix, static_cast<uint32_t>(header.size()), 0);
+    REQUIRE(::write(fd_, prefix, sizeof(prefix)) == static_cast<ssize_t>(sizeof(prefix)));
+    REQUIRE(::write(fd_, header.data(), header.size()) == static_cast<ssize_t>(header.size()));
+  }
+  /// Reads until the other side closes (true) or `timeout` passes (false).
+  bool closed_within(std::chrono::milliseconds timeout) {
+    auto deadline = std::chrono::steady_clock::now() + timeout;
+    char buf[4096];
+    while (std::chrono::steady_clock::now() < deadline) {
+      pollfd p{fd_, POLLIN, 0};
+      if (::poll(&p, 1, 50) <= 0) continue;
+      ssize_t r = ::read(fd_, buf, sizeof(buf));
+      if (r <= 0) return true;
+    }
+    return false;
+  }
+
+ private:
+  int fd_ = -1;
+};
+}  // namespace
+
+TEST_CASE("remote: a node that dials again supersedes its old connection, so nothing old arrives after new",
+          "[remote]") {
+  troupe::Runtime server(net());
+  troupe::wire::Hello hello{troupe::wire::kProtocolVersion, 0x1234, "test-token", ""};
+  RawPeer first(server.address());
+  first.send(hello);
+  // The same node again (its old connection is dead to it): the server drops
+  // the old one rather than keep reading it beside the new one.
+  RawPeer second(server.address());
+  second.send(hello);
+  CHECK(first.closed_within(5s));
+  CHECK_FALSE(second.closed_within(300ms));
+  // A different node does not supersede anybody.
+  RawPeer other(server.address());
+  other.send(troupe::wire::Hello{troupe::wire::kProtocolVersion, 0x5678, "test-token", ""});
+  CHECK_FALSE(second.closed_within(300ms));
+  CHECK_FALSE(other.closed_within(100ms));
 }

@@ -558,10 +558,29 @@ void Node::on_frame(transport::PeerId id, transport::InFrame frame) {
       }
       peer->ready = true;
       peer->address = hello->listen_address;
+      peer->node_id = hello->node_id;
+      std::vector<transport::PeerId> superseded;
       {
         // Replies go back on this connection; sends to that node reuse it.
         std::lock_guard<std::mutex> lock(mu_);
-        if (!peer->address.empty() && !by_address_.count(peer->address)) by_address_[peer->address] = peer;
+        // An older connection dialed by the same node is dead to it, or it
+        // would not have dialed again. Whatever of it is still unread here
+        // must not be handed up after what comes on the new one: FIFO per
+        // sender holds across a reconnect (at most once, as always).
+        for (auto& [pid, p] : peers_) {
+          if (p != peer && p->inbound && p->node_id == peer->node_id) superseded.push_back(pid);
+        }
+        if (!peer->address.empty()) {
+          auto it = by_address_.find(peer->address);
+          if (it == by_address_.end() || (it->second->inbound && it->second->node_id == peer->node_id)) {
+            by_address_[peer->address] = peer;
+          }
+        }
+      }
+      for (transport::PeerId old : superseded) {
+        TROUPE_LOG(info, "event=connection_superseded peer={} by={} node_id={:016x}", old, id, peer->node_id);
+        transport_->close(old, "superseded: the node dialed again (what was still in flight on the old "
+                               "connection is dropped, so that order holds)");
       }
       (void)send_frame(*peer, wire::HelloReply{true, node_id_, address_, ""}, {});
       return;

@@ -98,6 +98,7 @@ class Node : public std::enable_shared_from_this<Node> {
     bool inbound = false;
     bool ready = false;    // handshake done
     std::string address;   // the peer's listen address (known after the handshake)
+    uint64_t node_id = 0;  // the peer node's id (inbound: from its hello)
     Status refused;        // why the handshake failed, if it did
     std::atomic<bool> leaving{false};  // it said goodbye: its loss is expected
     std::mutex send_mu;    // orders sequence numbers with transport sends
