@@ -32,5 +32,5 @@ BUILD_DIR="$root/build-tsan" bash "$root/scripts/build.sh" -DTROUPE_SANITIZE=thr
 # UCX's memory hooks (libucm patches mmap/madvise at load time) crash under
 # TSan's interceptors at thread exit; troupe does not need them.
 export UCX_MEM_MMAP_HOOK_MODE=${UCX_MEM_MMAP_HOOK_MODE:-none} UCX_MEM_MALLOC_HOOKS=${UCX_MEM_MALLOC_HOOKS:-no}
-LD_LIBRARY_PATH="$caf/lib" TSAN_OPTIONS="halt_on_error=0 second_deadlock_stack=1" \
+LD_LIBRARY_PATH="$caf/lib" TSAN_OPTIONS="halt_on_error=0 second_deadlock_stack=1 suppressions=$root/scripts/tsan.supp" \
   "$root/build-tsan/test/troupe_tests" "$@"
