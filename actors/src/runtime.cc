@@ -321,7 +321,15 @@ Result<BufferRegistration> Runtime::register_buffer(void* data, size_t size) {
   if (!node) return error(node.error());
   auto handle = (*node)->register_region(data, size);
   if (!handle) return error(handle.error());
-  return BufferRegistration(std::move(*handle));
+  return BufferRegistration(std::move(*handle), data);
+}
+
+Result<BufferRegistration> Runtime::allocate_buffer(size_t size) {
+  auto node = impl_->node();
+  if (!node) return error(node.error());
+  auto region = (*node)->allocate_region(size);
+  if (!region) return error(region.error());
+  return BufferRegistration(std::move(region->first), region->second);
 }
 
 namespace {
@@ -350,6 +358,7 @@ Future<void> RemoteBuffer::write_from(const void* src, size_t n, uint64_t offset
 void BufferRegistration::reset() {
   if (handle_ && handle_.node_) handle_.node_->deregister_region(handle_.region());
   handle_ = RemoteBuffer();
+  data_ = nullptr;
 }
 
 Status Runtime::publish(const std::string& name, const AnyRef& actor) {

@@ -18,6 +18,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <iostream>
 #include <string>
 #include <thread>
@@ -100,9 +101,12 @@ int serve(const std::string& token, const std::string& scheme) {
   cfg.threads = threads_from_env();
   cfg.sleep_when_idle = sleep_when_idle();
   troupe::Runtime rt(cfg);
-  std::vector<char> region(kRegionBytes, 'r');  // touched: no page faults in the measurement
-  auto reg = rt.register_buffer(region.data(), region.size());
+  // Allocated by the runtime (over UCX: shared memory a reader on this host
+  // maps), the way a buffer made to be read remotely should be; touched, so
+  // that no page faults land in the measurement.
+  auto reg = rt.allocate_buffer(kRegionBytes);
   if (!reg) return std::fprintf(stderr, "serve: %s\n", reg.error().to_string().c_str()), 1;
+  std::memset(reg->data(), 'r', kRegionBytes);
   auto s = rt.publish("echo", rt.spawn<Echo>(reg->handle()));
   if (!s.ok()) return std::fprintf(stderr, "serve: %s\n", s.to_string().c_str()), 1;
   std::printf("%s\n", rt.address().c_str());
@@ -258,7 +262,9 @@ int main(int argc, char** argv) {
       auto t0 = std::chrono::steady_clock::now();
       for (int i = 0; i < reps; ++i) (void)region->read_into(local.data(), bytes, 0, 600s).get();
       double gbps = static_cast<double>(bytes) * reps / troupe::bench::seconds_since(t0) / 1e9;
-      auto raw = ucx_perftest(c.raw_tls, "ucp_put_bw", bytes, reps, port++, 2);
+      // UCX's own TCP put is slow for large sizes: a few repetitions keep the
+      // floor's run within ucx_perftest's time limit; bandwidth is an average.
+      auto raw = ucx_perftest(c.raw_tls, "ucp_put_bw", bytes, std::min(reps, mib >= 16 ? 4 : reps), port++, 2);
       emit(std::string("remote.buffer_read_") + c.scheme + "_" + std::to_string(mib) + "MiB", "bandwidth", gbps,
            "GB/s", std::string("ucx_perftest ucp_put_bw ") + c.raw_name, raw.ok ? raw.bytes_per_s / 1e9 : 0,
            std::string(c.scheme) == "ucx" && mib >= 64 ? "ratio >= 0.85" : "report");

@@ -174,6 +174,9 @@ class TcpTransport final : public Transport {
   Result<MemoryRegion> register_memory(void*, size_t) override {
     return error(ErrorCode::unsupported, "tcp: no one-sided access (the node emulates it with frames)");
   }
+  Result<MemoryRegion> allocate_memory(size_t) override {
+    return error(ErrorCode::unsupported, "tcp: no one-sided access (the node emulates it with frames)");
+  }
   void deregister_memory(uint64_t) override {}
   void rma(PeerId, bool, void*, size_t, uint64_t, const std::string&, RmaDone done) override {
     done(Status(ErrorCode::unsupported, "tcp: no one-sided access (the node emulates it with frames)"));

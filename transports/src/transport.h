@@ -63,6 +63,7 @@ struct MemoryRegion {
   uint64_t id = 0;           // for deregister_memory
   uint64_t address = 0;      // where it starts, in the owner's address space
   std::string remote_key;    // what a peer needs to reach it (UCX: a packed rkey)
+  void* data = nullptr;      // the memory (allocate_memory: where it was put)
 };
 
 /// Called once when a one-sided operation completes or fails.
@@ -100,7 +101,14 @@ class Transport {
   /// Fails with unsupported where the transport has no one-sided access
   /// (TCP: the layer above emulates it with frames).
   virtual Result<MemoryRegion> register_memory(void* data, size_t size) = 0;
-  /// Ends a registration (a no-op for unknown ids).
+  /// Allocates `size` bytes registered for one-sided access, where the
+  /// transport can serve them best (UCX: shared memory that a peer on the
+  /// same host maps, so that its reads are plain copies); `data` says where.
+  /// deregister_memory frees them. Fails with unsupported like
+  /// register_memory.
+  virtual Result<MemoryRegion> allocate_memory(size_t size) = 0;
+  /// Ends a registration, freeing allocate_memory's memory (a no-op for
+  /// unknown ids).
   virtual void deregister_memory(uint64_t id) = 0;
   /// Reads (`write` false) `n` bytes at `remote_address` of the peer's
   /// region into `local`, or writes them from `local`. `done` runs once, on

@@ -417,26 +417,49 @@ class UcxTransport final : public Transport {
   }
 
   Result<MemoryRegion> register_memory(void* data, size_t size) override {
-    if (size == 0) return MemoryRegion{0, reinterpret_cast<uint64_t>(data), {}};
+    if (size == 0) return MemoryRegion{0, reinterpret_cast<uint64_t>(data), {}, data};
+    return map_memory(data, size);
+  }
+
+  Result<MemoryRegion> allocate_memory(size_t size) override {
+    if (size == 0) return error(ErrorCode::invalid_argument, "allocate_buffer: size 0");
+    return map_memory(nullptr, size);
+  }
+
+  /// Registers `data` (or, when null, has UCX allocate: shared memory that a
+  /// peer on this host maps directly) and packs its remote key.
+  Result<MemoryRegion> map_memory(void* data, size_t size) {
+    const char* what = data ? "register_buffer" : "allocate_buffer";
     ucp_mem_map_params_t mp{};
-    mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
+    mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH | UCP_MEM_MAP_PARAM_FIELD_FLAGS;
     mp.address = data;
     mp.length = size;
+    mp.flags = data ? 0 : UCP_MEM_MAP_ALLOCATE;
     ucp_mem_h memh = nullptr;
     ucs_status_t s = ucp_mem_map(context_, &mp, &memh);
     if (s != UCS_OK) {
-      return error(ErrorCode::invalid_argument, "register_buffer: ucx cannot register " + std::to_string(size) +
+      return error(ErrorCode::invalid_argument, std::string(what) + ": ucx cannot map " + std::to_string(size) +
                                                     " bytes: " + ucs_status_string(s));
+    }
+    if (!data) {
+      ucp_mem_attr_t attr{};
+      attr.field_mask = UCP_MEM_ATTR_FIELD_ADDRESS;
+      if ((s = ucp_mem_query(memh, &attr)) != UCS_OK) {
+        ucp_mem_unmap(context_, memh);
+        return error(ErrorCode::invalid_argument, std::string(what) + ": ucp_mem_query: " + ucs_status_string(s));
+      }
+      data = attr.address;
     }
     void* packed = nullptr;
     size_t packed_bytes = 0;
     s = ucp_rkey_pack(context_, memh, &packed, &packed_bytes);
     if (s != UCS_OK) {
       ucp_mem_unmap(context_, memh);
-      return error(ErrorCode::invalid_argument, std::string("register_buffer: ucx cannot pack a remote key: ") +
+      return error(ErrorCode::invalid_argument, std::string(what) + ": ucx cannot pack a remote key: " +
                                                     ucs_status_string(s));
     }
-    MemoryRegion region{0, reinterpret_cast<uint64_t>(data), std::string(static_cast<char*>(packed), packed_bytes)};
+    MemoryRegion region{0, reinterpret_cast<uint64_t>(data), std::string(static_cast<char*>(packed), packed_bytes),
+                        data};
     ucp_rkey_buffer_release(packed);
     std::lock_guard<std::mutex> lock(mu_);
     region.id = next_region_++;

@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 
 #include "troupe/actor_ref.h"
 #include "troupe/codec.h"
@@ -80,15 +81,20 @@ class RemoteBuffer {
 };
 
 /// Owns a registration: the region is readable and writable through its
-/// handles until this is destroyed (then they fail with not_found).
+/// handles until this is destroyed (then they fail with not_found). For
+/// Runtime::allocate_buffer it also owns the memory.
 class BufferRegistration {
  public:
   BufferRegistration() = default;
-  BufferRegistration(BufferRegistration&& o) noexcept : handle_(std::move(o.handle_)) { o.handle_ = {}; }
+  BufferRegistration(BufferRegistration&& o) noexcept
+      : handle_(std::move(o.handle_)), data_(std::exchange(o.data_, nullptr)) {
+    o.handle_ = {};
+  }
   BufferRegistration& operator=(BufferRegistration&& o) noexcept {
     if (this != &o) {
       reset();
       handle_ = std::move(o.handle_);
+      data_ = std::exchange(o.data_, nullptr);
       o.handle_ = {};
     }
     return *this;
@@ -97,14 +103,17 @@ class BufferRegistration {
 
   /// The handle to put in messages.
   const RemoteBuffer& handle() const { return handle_; }
-  /// Ends the registration early.
+  /// The registered bytes in this process (handle().size() of them).
+  void* data() const { return data_; }
+  /// Ends the registration early (and frees allocate_buffer's memory).
   void reset();
 
   /// Internal.
-  explicit BufferRegistration(RemoteBuffer handle) : handle_(std::move(handle)) {}
+  BufferRegistration(RemoteBuffer handle, void* data) : handle_(std::move(handle)), data_(data) {}
 
  private:
   RemoteBuffer handle_;
+  void* data_ = nullptr;
 };
 
 namespace detail {

@@ -122,6 +122,13 @@ class Runtime {
   /// processes through the registration's handle (see remote_buffer.h).
   /// The memory must outlive the registration.
   Result<BufferRegistration> register_buffer(void* data, size_t size);
+  /// Allocates `size` bytes that other processes read and write through
+  /// the registration's handle; data() is where they are, freed with the
+  /// registration. Over UCX the memory is shared memory that a peer on the
+  /// same host maps, so its reads are plain copies (faster than reads of
+  /// register_buffer's memory, which go through the kernel there; see
+  /// docs/transports.md). Use it for buffers made to be read remotely.
+  Result<BufferRegistration> allocate_buffer(size_t size);
   /// Like resolve_any(), typed. The remote actor's class is not checked: a
   /// message it does not handle fails with unknown_message.
   template <class A>

@@ -882,16 +882,44 @@ Result<RemoteBuffer> Node::register_region(void* data, size_t size) {
   return RemoteBuffer(address_, id, size, mr.address, std::move(mr.remote_key), shared_from_this());
 }
 
+Result<std::pair<RemoteBuffer, void*>> Node::allocate_region(size_t size) {
+  if (size == 0) return error(ErrorCode::invalid_argument, "allocate_buffer: size 0");
+  uint64_t id = next_region_.fetch_add(1);
+  transport::MemoryRegion mr;
+  bool heap = false;
+  if (auto r = transport_->allocate_memory(size)) {
+    mr = std::move(*r);
+  } else if (r.error().code() == ErrorCode::unsupported) {
+    // No one-sided access (TCP): plain memory, served by frames.
+    mr.data = std::malloc(size);
+    if (mr.data == nullptr) {
+      return error(ErrorCode::invalid_argument, "allocate_buffer: out of memory for " + std::to_string(size) +
+                                                    " bytes");
+    }
+    heap = true;
+  } else {
+    return error(r.error());
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    regions_[id] = Region{static_cast<std::byte*>(mr.data), size, mr.id, heap};
+  }
+  void* data = mr.data;
+  return std::make_pair(RemoteBuffer(address_, id, size, mr.address, std::move(mr.remote_key), shared_from_this()),
+                        data);
+}
+
 void Node::deregister_region(uint64_t region) {
-  uint64_t transport_region = 0;
+  Region gone{};
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = regions_.find(region);
     if (it == regions_.end()) return;
-    transport_region = it->second.transport_region;
+    gone = it->second;
     regions_.erase(it);
   }
-  if (transport_region != 0) transport_->deregister_memory(transport_region);
+  if (gone.transport_region != 0) transport_->deregister_memory(gone.transport_region);
+  if (gone.heap_owned) std::free(gone.data);
 }
 
 Future<void> Node::region_op(const RemoteBuffer& buffer, void* ptr, size_t n, uint64_t offset, bool write,

@@ -78,6 +78,9 @@ class Node : public std::enable_shared_from_this<Node> {
 
   /// Remote buffers: registration, and reads/writes from any thread.
   Result<RemoteBuffer> register_region(void* data, size_t size);
+  /// Allocates and registers `size` bytes (see Runtime::allocate_buffer);
+  /// the handle and where the bytes are.
+  Result<std::pair<RemoteBuffer, void*>> allocate_region(size_t size);
   void deregister_region(uint64_t region);
   Future<void> region_op(const RemoteBuffer& buffer, void* ptr, size_t n, uint64_t offset, bool write,
                          std::chrono::milliseconds timeout);
@@ -145,6 +148,7 @@ class Node : public std::enable_shared_from_this<Node> {
     std::byte* data;
     size_t size;
     uint64_t transport_region;  // 0: not registered with the transport
+    bool heap_owned = false;    // allocated here (not by the transport): freed on deregistration
   };
   std::unordered_map<uint64_t, Region> regions_;
   std::atomic<uint64_t> next_region_{1};
