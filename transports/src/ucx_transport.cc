@@ -15,6 +15,7 @@
 #include <cstring>
 #include <deque>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <thread>
 #include <unordered_map>
@@ -830,16 +831,16 @@ class UcxTransport final : public Transport {
       it->second.push_back(std::make_shared<Arrival>(Arrival{true, false, std::move(data), batch}));
       return;
     }
-    batch ? unpack_batch(peer, std::move(data)) : unpack(peer, std::move(data));
+    batch ? unpack_batch(peer, std::move(data), /*tag_checked=*/true) : unpack(peer, std::move(data), true);
   }
 
   /// Splits a batch into its frames and hands them up in order; a batch
   /// that does not add up closes its connection.
-  void unpack_batch(PeerId peer, std::string data) {
+  void unpack_batch(PeerId peer, std::string data, bool tag_checked = false) {
     uint64_t count = 0, tag = 0;
     std::memcpy(&tag, data.data() + data.size() - 8, 8);
     std::memcpy(&count, data.data() + data.size() - 16, 8);
-    if (peer_of_tag(tag) != peer) return;
+    if (!tag_checked && peer_of_tag(tag) != peer) return;
     size_t end = data.size() - 16, pos = 0;
     for (uint64_t i = 0; i < count; ++i) {
       uint64_t lengths[2];
@@ -904,11 +905,11 @@ class UcxTransport final : public Transport {
   /// bounds, and hands the frame up. A frame whose tag is not its
   /// connection's is dropped (the sender is not who it claims); bad frames
   /// close their connection.
-  void unpack(PeerId peer, std::string data) {
+  void unpack(PeerId peer, std::string data, bool tag_checked = false) {
     uint64_t tag = 0, header_bytes = 0;
     std::memcpy(&tag, data.data() + data.size() - 8, 8);
     std::memcpy(&header_bytes, data.data() + data.size() - 16, 8);
-    if (peer_of_tag(tag) != peer) return;
+    if (!tag_checked && peer_of_tag(tag) != peer) return;
     size_t body = data.size() - 16;
     if (header_bytes == 0 || header_bytes > body || header_bytes > limits_.frame.max_header_bytes) {
       reject(peer, Status(ErrorCode::malformed, "frame: header size " + std::to_string(header_bytes) +
@@ -922,20 +923,29 @@ class UcxTransport final : public Transport {
                                                     std::to_string(limits_.frame.max_payload_bytes) + ")"));
       return;
     }
-    std::string header = data.substr(payload_bytes, header_bytes);
-    data.resize(payload_bytes);  // the payload stays where it was received
-    deliver(peer, header, std::move(data));
+    // Decoded in place; then the payload stays where it was received.
+    auto msg = decode_header(peer, std::string_view(data.data() + payload_bytes, header_bytes));
+    if (!msg) return;
+    data.resize(payload_bytes);
+    deferred_frames_.emplace_back(peer, InFrame{std::move(*msg), std::move(data)});
+  }
+
+  /// Decodes a frame header; a bad one closes the peer (nullopt).
+  std::optional<wire::Message> decode_header(PeerId peer, std::string_view header) {
+    auto msg = wire::decode(std::span<const std::byte>(reinterpret_cast<const std::byte*>(header.data()), header.size()),
+                            limits_.frame);
+    if (!msg) {
+      reject(peer, Status(ErrorCode::malformed, msg.error().message()));
+      return std::nullopt;
+    }
+    return std::move(*msg);
   }
 
   /// Decodes a header and hands the frame up; bad headers close the peer
   /// (false).
   bool deliver(PeerId peer, std::string_view header, std::string payload) {
-    auto msg = wire::decode(std::span<const std::byte>(reinterpret_cast<const std::byte*>(header.data()), header.size()),
-                            limits_.frame);
-    if (!msg) {
-      reject(peer, Status(ErrorCode::malformed, msg.error().message()));
-      return false;
-    }
+    auto msg = decode_header(peer, header);
+    if (!msg) return false;
     // Handed up after ucp_worker_progress returns: the layer above takes
     // its own locks and sends, which must not happen under UCX's lock.
     deferred_frames_.emplace_back(peer, InFrame{std::move(*msg), std::move(payload)});

@@ -1,6 +1,7 @@
 #include "wire.h"
 
 #include <cstring>
+#include <iterator>
 #include <memory>
 
 namespace troupe::wire {
@@ -23,13 +24,20 @@ Result<Message> decode(std::span<const std::byte> header, const Limits& limits) 
     return error(ErrorCode::invalid_argument,
                  "frame: header of " + std::to_string(header.size()) + " bytes is not a whole number of words");
   }
-  // Cap'n Proto reads words in place: copy into aligned storage.
+  // Cap'n Proto reads words in place: copy into aligned storage (on the
+  // stack for the usual small header).
   size_t words = header.size() / 8;
-  std::unique_ptr<uint64_t[]> aligned(new uint64_t[words]);
-  std::memcpy(aligned.get(), header.data(), header.size());
+  uint64_t small[32];
+  std::unique_ptr<uint64_t[]> large;
+  uint64_t* aligned = small;
+  if (words > std::size(small)) {
+    large.reset(new uint64_t[words]);
+    aligned = large.get();
+  }
+  std::memcpy(aligned, header.data(), header.size());
   Message out;
   std::string err;
-  if (!capnp_decode(aligned.get(), words, &out, &err)) return error(ErrorCode::invalid_argument, std::move(err));
+  if (!capnp_decode(aligned, words, &out, &err)) return error(ErrorCode::invalid_argument, std::move(err));
   return out;
 }
 
