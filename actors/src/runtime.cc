@@ -332,27 +332,37 @@ Result<BufferRegistration> Runtime::allocate_buffer(size_t size) {
   return BufferRegistration(std::move(region->first), region->second);
 }
 
-namespace {
-Future<void> unbound_buffer() {
-  auto* st = new detail::FutureState<void>();
-  detail::ReplyRef r(st);
-  st->complete(Result<void>(
-      error(ErrorCode::invalid_argument, "remote buffer: this handle is not bound to a runtime (default-built?)")));
-  return Future<void>(r, std::chrono::milliseconds(0));
+namespace detail {
+void buffer_op(const RemoteBuffer& buffer, void* ptr, size_t n, uint64_t offset, bool write, ReplyRef reply) {
+  if (!buffer.node_) {
+    reply->fail(Status(ErrorCode::invalid_argument,
+                       "remote buffer: this handle is not bound to a runtime (default-built?)"));
+    return;
+  }
+  buffer.node_->region_op(buffer, ptr, n, offset, write, std::move(reply));
 }
+}  // namespace detail
+
+namespace {
 constexpr std::chrono::milliseconds kBufferTimeout{30'000};
+
+Future<void> buffer_future(const RemoteBuffer& buffer, void* ptr, size_t n, uint64_t offset, bool write,
+                           std::chrono::milliseconds timeout) {
+  auto* st = new detail::FutureState<void>();
+  detail::ReplyRef reply(st);
+  Future<void> future(reply, timeout.count() < 0 ? kBufferTimeout : timeout);
+  detail::buffer_op(buffer, ptr, n, offset, write, std::move(reply));
+  return future;
+}
 }  // namespace
 
 Future<void> RemoteBuffer::read_into(void* dst, size_t n, uint64_t offset, std::chrono::milliseconds timeout) const {
-  if (!node_) return unbound_buffer();
-  return node_->region_op(*this, dst, n, offset, false, timeout.count() < 0 ? kBufferTimeout : timeout);
+  return buffer_future(*this, dst, n, offset, false, timeout);
 }
 
 Future<void> RemoteBuffer::write_from(const void* src, size_t n, uint64_t offset,
                                       std::chrono::milliseconds timeout) const {
-  if (!node_) return unbound_buffer();
-  return node_->region_op(*this, const_cast<void*>(src), n, offset, true,
-                          timeout.count() < 0 ? kBufferTimeout : timeout);
+  return buffer_future(*this, const_cast<void*>(src), n, offset, true, timeout);
 }
 
 void BufferRegistration::reset() {

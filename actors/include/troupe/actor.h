@@ -25,6 +25,7 @@
 #include <string>
 #include <string_view>
 #include <utility>
+#include <vector>
 
 #include "troupe/actor_ref.h"
 #include "troupe/detail/dispatch.h"
@@ -37,6 +38,10 @@ namespace troupe {
 
 /// Delivered to a monitor when the actor it watches has stopped for good
 /// (restarts by a supervisor are not stops).
+class RemoteBuffer;
+template <class R>
+class BufferThen;
+
 struct Down {
   AnyRef actor;
   ExitReason reason;
@@ -240,6 +245,18 @@ class ActorBase {
   AskThen<R> ask(const AnyRef& to, M&& msg, std::chrono::milliseconds timeout = kDefaultTimeout) {
     return {cell_, to.cell(), detail::MessageBox::make(std::forward<M>(msg)), nullptr, resolve(timeout)};
   }
+
+  /// Reads `n` bytes at `offset` of a remote buffer without blocking:
+  /// `read_buffer(buf, n).then([this](Result<std::vector<std::byte>> r) {...})`.
+  /// The bytes land in memory the operation owns, so nothing dangles if this
+  /// incarnation ends first. (Defined in remote_buffer.h.)
+  BufferThen<std::vector<std::byte>> read_buffer(const RemoteBuffer& from, size_t n, uint64_t offset = 0,
+                                                 std::chrono::milliseconds timeout = kDefaultTimeout);
+  /// Writes `bytes` at `offset` of a remote buffer without blocking;
+  /// `.then([this](Result<void> r) {...})` runs once they are in the owner's
+  /// memory. (Defined in remote_buffer.h.)
+  BufferThen<void> write_buffer(const RemoteBuffer& to, std::vector<std::byte> bytes, uint64_t offset = 0,
+                                std::chrono::milliseconds timeout = kDefaultTimeout);
 
   /// Runs `fn` on this actor after `delay` (unless cancelled or the
   /// incarnation ends first).

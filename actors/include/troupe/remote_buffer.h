@@ -10,8 +10,11 @@
 // packed remote key: RDMA on InfiniBand/RoCE, cross-memory attach or shared
 // memory on one host); the owner's threads do nothing. Over TCP the runtime
 // emulates it with request/response frames (the owner's network thread
-// copies). Inside an actor, wait for the Future only from a helper thread, or
-// read from the actor that owns the data. See docs/transports.md.
+// copies). Inside an actor, use read_buffer / write_buffer, which never block:
+//
+//   read_buffer(msg.buffer, n).then([this](Result<std::vector<std::byte>> r) {...});
+//
+// See docs/transports.md.
 #pragma once
 
 #include <chrono>
@@ -19,8 +22,11 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <utility>
+#include <vector>
 
+#include "troupe/actor.h"
 #include "troupe/actor_ref.h"
 #include "troupe/codec.h"
 #include "troupe/future.h"
@@ -30,7 +36,10 @@ namespace troupe {
 
 namespace detail {
 class Node;
-}
+/// Reads (`write` false) or writes through `buffer`, completing `reply` (a
+/// ReplyTo<void>) when done. `ptr` must stay valid until then.
+void buffer_op(const RemoteBuffer& buffer, void* ptr, size_t n, uint64_t offset, bool write, ReplyRef reply);
+}  // namespace detail
 
 /// A handle to a registered region of another (or this) process. Cheap to
 /// copy; valid while the owner keeps the registration.
@@ -72,6 +81,7 @@ class RemoteBuffer {
  private:
   friend struct codec::Codec<RemoteBuffer>;
   friend class BufferRegistration;
+  friend void detail::buffer_op(const RemoteBuffer&, void*, size_t, uint64_t, bool, detail::ReplyRef);
   std::string owner_;
   uint64_t region_ = 0;
   uint64_t size_ = 0;
@@ -115,6 +125,56 @@ class BufferRegistration {
   RemoteBuffer handle_;
   void* data_ = nullptr;
 };
+
+/// A remote-buffer read (R = std::vector<std::byte>) or write (R = void)
+/// started inside an actor; nothing moves until then() is called. The
+/// operation owns its bytes.
+template <class R>
+class [[nodiscard]] BufferThen {
+ public:
+  /// Starts the operation. `fn(Result<R>)` runs later on this actor, like a
+  /// handler, with the bytes (reads), or the error (timeout, peer_lost,
+  /// invalid_argument, ...). It never runs if this incarnation has ended.
+  template <class F>
+  void then(F&& fn) && {
+    auto wrap = [bytes = bytes_, fn = std::forward<F>(fn)](Result<void> r) mutable {
+      if constexpr (std::is_void_v<R>) {
+        fn(std::move(r));
+      } else if (r) {
+        fn(Result<R>(std::move(*bytes)));
+      } else {
+        fn(Result<R>(Unexpected{r.error()}));
+      }
+    };
+    using Node = detail::ActorReply<void, decltype(wrap)>;
+    auto* node = new Node(detail::CellPtr(detail::control_of(cell_)), std::move(wrap));
+    detail::ReplyRef reply(node);
+    detail::track_ask(cell_, node, timeout_);
+    detail::buffer_op(buffer_, bytes_->data(), bytes_->size(), offset_, std::is_void_v<R>, std::move(reply));
+  }
+
+  /// Internal.
+  BufferThen(detail::Cell* cell, RemoteBuffer buffer, std::shared_ptr<std::vector<std::byte>> bytes,
+             uint64_t offset, std::chrono::milliseconds timeout)
+      : cell_(cell), buffer_(std::move(buffer)), bytes_(std::move(bytes)), offset_(offset), timeout_(timeout) {}
+
+ private:
+  detail::Cell* cell_;
+  RemoteBuffer buffer_;
+  std::shared_ptr<std::vector<std::byte>> bytes_;
+  uint64_t offset_;
+  std::chrono::milliseconds timeout_;
+};
+
+inline BufferThen<std::vector<std::byte>> ActorBase::read_buffer(const RemoteBuffer& from, size_t n,
+                                                                 uint64_t offset, std::chrono::milliseconds timeout) {
+  return {cell_, from, std::make_shared<std::vector<std::byte>>(n), offset, resolve(timeout)};
+}
+
+inline BufferThen<void> ActorBase::write_buffer(const RemoteBuffer& to, std::vector<std::byte> bytes, uint64_t offset,
+                                                std::chrono::milliseconds timeout) {
+  return {cell_, to, std::make_shared<std::vector<std::byte>>(std::move(bytes)), offset, resolve(timeout)};
+}
 
 namespace detail {
 /// Binds a decoded handle to the node decoding it (see CodecScope).

@@ -699,7 +699,7 @@ void Node::on_frame(transport::PeerId id, transport::InFrame frame) {
             op = std::move(it->second);
             region_ops_.erase(it);
           }
-          auto* st = static_cast<FutureState<void>*>(op.reply.get());
+          auto* st = static_cast<ReplyTo<void>*>(op.reply.get());
           if (!m.error.empty()) {
             st->complete(Result<void>(error(ErrorCode::not_found, m.error)));
           } else if (op.dst != nullptr && frame.payload.size() != op.n) {
@@ -922,17 +922,14 @@ void Node::deregister_region(uint64_t region) {
   if (gone.heap_owned) std::free(gone.data);
 }
 
-Future<void> Node::region_op(const RemoteBuffer& buffer, void* ptr, size_t n, uint64_t offset, bool write,
-                             std::chrono::milliseconds timeout) {
-  auto* state = new FutureState<void>();
-  ReplyRef reply(state);
-  Future<void> future(reply, timeout);
+void Node::region_op(const RemoteBuffer& buffer, void* ptr, size_t n, uint64_t offset, bool write, ReplyRef reply) {
+  auto* state = static_cast<ReplyTo<void>*>(reply.get());
   auto fail = [&](ErrorCode code, std::string why) { state->complete(Result<void>(error(code, std::move(why)))); };
   if (offset > buffer.size() || n > buffer.size() - offset) {
     fail(ErrorCode::invalid_argument, "remote buffer: bytes [" + std::to_string(offset) + ", " +
                                           std::to_string(offset + n) + ") are outside the region of " +
                                           std::to_string(buffer.size()) + " bytes");
-    return future;
+    return;
   }
   if (buffer.owner() == address_) {
     // Our own region: a local copy.
@@ -944,18 +941,18 @@ Future<void> Node::region_op(const RemoteBuffer& buffer, void* ptr, size_t n, ui
       Status s = write ? cuda::copy(it->second.data + offset, ptr, n) : cuda::copy(ptr, it->second.data + offset, n);
       state->complete(s.ok() ? Result<void>() : Result<void>(error(std::move(s))));
     }
-    return future;
+    return;
   }
   if (buffer.owner().empty()) {
     fail(ErrorCode::invalid_argument, "remote buffer: its owner does not listen (set RuntimeConfig::listen there)");
-    return future;
+    return;
   }
   auto norm = normalize(buffer.owner(), transport_->scheme());
   Status why;
   auto peer = norm ? peer_for(*norm, &why) : nullptr;
   if (!peer) {
     fail(norm ? why.code() : ErrorCode::invalid_argument, norm ? why.message() : norm.error().message());
-    return future;
+    return;
   }
   bool one_sided = false;
   if (!buffer.remote_key().empty() && n > 0 && !cuda::is_device(ptr)) {
@@ -967,10 +964,10 @@ Future<void> Node::region_op(const RemoteBuffer& buffer, void* ptr, size_t n, ui
   if (one_sided) {
     transport_->rma(peer->id, write, ptr, n, buffer.address() + offset, buffer.remote_key(),
                     [reply](Status s) mutable {
-                      auto* st = static_cast<FutureState<void>*>(reply.get());
+                      auto* st = static_cast<ReplyTo<void>*>(reply.get());
                       st->complete(s.ok() ? Result<void>() : Result<void>(error(std::move(s))));
                     });
-    return future;
+    return;
   }
   uint64_t corr = next_correlation_.fetch_add(1);
   {
@@ -983,7 +980,7 @@ Future<void> Node::region_op(const RemoteBuffer& buffer, void* ptr, size_t n, ui
     if (Status s = cuda::copy(payload.data(), ptr, n); !s.ok()) {
       std::lock_guard<std::mutex> lock(mu_);
       if (region_ops_.erase(corr)) fail(s.code(), s.message());
-      return future;
+      return;
     }
   }
   Status s = send_frame(*peer, wire::RegionRequest{corr, buffer.region(), offset, n, write}, std::move(payload));
@@ -991,7 +988,7 @@ Future<void> Node::region_op(const RemoteBuffer& buffer, void* ptr, size_t n, ui
     std::lock_guard<std::mutex> lock(mu_);
     if (region_ops_.erase(corr)) fail(s.code(), s.message());
   }
-  return future;
+  return;
 }
 
 void Node::heartbeat_loop() {

@@ -82,8 +82,9 @@ class Node : public std::enable_shared_from_this<Node> {
   /// the handle and where the bytes are.
   Result<std::pair<RemoteBuffer, void*>> allocate_region(size_t size);
   void deregister_region(uint64_t region);
-  Future<void> region_op(const RemoteBuffer& buffer, void* ptr, size_t n, uint64_t offset, bool write,
-                         std::chrono::milliseconds timeout);
+  /// Reads (or writes) through a handle; completes `reply` (a
+  /// ReplyTo<void>) from whichever thread finishes the operation.
+  void region_op(const RemoteBuffer& buffer, void* ptr, size_t n, uint64_t offset, bool write, ReplyRef reply);
 
   /// Ref encoding (codec): export a local cell / resolve an address + id.
   void encode_ref(codec::Writer& w, CellControl* cell);
@@ -153,7 +154,7 @@ class Node : public std::enable_shared_from_this<Node> {
   std::unordered_map<uint64_t, Region> regions_;
   std::atomic<uint64_t> next_region_{1};
   struct PendingRegionOp {
-    ReplyRef reply;  // FutureState<void>
+    ReplyRef reply;  // ReplyTo<void>
     void* dst;       // reads copy here
     size_t n;
     std::string address;
