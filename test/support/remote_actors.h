@@ -15,6 +15,13 @@ struct Echo {
   std::string text;
   TROUPE_MESSAGE(Echo, text);
 };
+/// Asks `to` (a Service) to echo `text` and answers with its reply: traffic
+/// between two other processes.
+struct Relay {
+  AnyRef to;
+  std::string text;
+  TROUPE_MESSAGE(Relay, to, text);
+};
 struct Sum {
   std::vector<uint8_t> bytes;
   TROUPE_MESSAGE(Sum, bytes);
@@ -55,9 +62,20 @@ struct Tally {
   friend bool operator==(const Tally&, const Tally&) = default;
 };
 
-class Service : public Actor<Service, Echo, Sum, Record, Check, Nap, Boom, Quit, Local> {
+class Service : public Actor<Service, Echo, Sum, Record, Check, Nap, Boom, Quit, Local, Relay> {
  public:
   std::string handle(const Echo& e) { return "echo: " + e.text; }
+  Deferred<std::string> handle(const Relay& r) {
+    auto reply = defer<std::string>();
+    ask<std::string>(r.to, Echo{r.text}).then([reply](Result<std::string> s) mutable {
+      if (s) {
+        reply.complete(std::move(*s));
+      } else {
+        reply.fail(s.error());
+      }
+    });
+    return reply;
+  }
   uint64_t handle(const Sum& s) {
     uint64_t total = 0;
     for (uint8_t b : s.bytes) total += b;
