@@ -14,13 +14,6 @@ using namespace troupe::test;
 
 namespace {
 
-troupe::RuntimeConfig net(const std::string& transport) {
-  troupe::RuntimeConfig cfg;
-  cfg.listen = transport + "://127.0.0.1:0";
-  cfg.cluster_token = "test-token";
-  cfg.log_level = "warn";
-  return cfg;
-}
 
 /// Device memory, freed on scope exit.
 struct DeviceBytes {
@@ -41,8 +34,8 @@ TEST_CASE("gpu: a device-memory region reads and writes from another runtime, in
   DeviceBytes region(kBytes);
   REQUIRE(cudaMemcpy(region.ptr, host.data(), kBytes, cudaMemcpyHostToDevice) == cudaSuccess);
 
-  troupe::Runtime owner(net(transport));
-  troupe::Runtime user(net(transport));
+  troupe::Runtime owner(test_config(transport));
+  troupe::Runtime user(test_config(transport));
   auto reg = owner.register_buffer(region.ptr, kBytes);
   REQUIRE(reg.has_value());
   CHECK(reg->handle().remote_key().empty());  // device memory goes by frames

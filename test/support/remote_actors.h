@@ -152,6 +152,18 @@ class BufferKeeper : public Actor<BufferKeeper, GetBuffer> {
   RemoteBuffer handle_;
 };
 
+/// A runtime for the remote tests: on `transport`, listening on a free
+/// loopback port (or, `listen` false, only dialing out), with `token`.
+inline RuntimeConfig test_config(const std::string& transport = "tcp", bool listen = true,
+                                 const std::string& token = "test-token") {
+  RuntimeConfig cfg;
+  if (listen) cfg.listen = transport + "://127.0.0.1:0";
+  cfg.transport = transport;
+  cfg.cluster_token = token;
+  cfg.log_level = "warn";
+  return cfg;
+}
+
 /// The byte at position i of the test buffers.
 inline uint8_t pattern(size_t i) { return static_cast<uint8_t>((i * 131) ^ (i >> 7)); }
 

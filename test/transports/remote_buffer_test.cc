@@ -51,21 +51,32 @@ class Fetcher : public troupe::Actor<Fetcher, Fetch, Sevens> {
   }
 };
 
-troupe::RuntimeConfig net(const std::string& transport = "tcp") {
-  troupe::RuntimeConfig cfg;
-  cfg.listen = transport + "://127.0.0.1:0";
-  cfg.cluster_token = "test-token";
-  cfg.log_level = "warn";
-  return cfg;
-}
+/// Two runtimes on `transport`: the owner allocates `bytes` bytes filled with
+/// pattern(), and the user holds the handle, received in a message.
+struct AllocatedBuffer {
+  troupe::Runtime owner;
+  troupe::Runtime user;
+  troupe::BufferRegistration reg;
+  troupe::RemoteBuffer handle;
+  AllocatedBuffer(const std::string& transport, size_t bytes) : owner(test_config(transport)), user(test_config(transport)) {
+    reg = owner.allocate_buffer(bytes).value();
+    REQUIRE(reg.data() != nullptr);
+    auto* p = static_cast<uint8_t*>(reg.data());
+    for (size_t i = 0; i < bytes; ++i) p[i] = pattern(i);
+    REQUIRE(owner.publish("buffers", owner.spawn<BufferKeeper>(reg.handle())).ok());
+    handle = user.resolve<BufferKeeper>(owner.address() + "/buffers").value().ask(GetBuffer{}).get().value();
+  }
+  uint8_t* bytes() const { return static_cast<uint8_t*>(reg.data()); }
+};
+
 }  // namespace
 
 TEST_CASE("remote buffer: read and write another runtime's memory through a handle in a message, on both transports",
           "[remote][buffer][ucx]") {
   std::string transport = GENERATE("tcp", "ucx");
   INFO("transport " << transport);
-  troupe::Runtime owner(net(transport));
-  troupe::Runtime user(net(transport));
+  troupe::Runtime owner(test_config(transport));
+  troupe::Runtime user(test_config(transport));
   std::vector<uint8_t> data(16 << 20);
   for (size_t i = 0; i < data.size(); ++i) data[i] = pattern(i);
   auto reg = owner.register_buffer(data.data(), data.size());
@@ -124,7 +135,7 @@ TEST_CASE("remote buffer: read and write another runtime's memory through a hand
 }
 
 TEST_CASE("remote buffer: the owner reads its own handle with a local copy", "[remote][buffer]") {
-  troupe::Runtime rt(net());
+  troupe::Runtime rt(test_config());
   std::vector<uint8_t> data(1000);
   std::iota(data.begin(), data.end(), 0);
   auto reg = rt.register_buffer(data.data(), data.size()).value();
@@ -138,17 +149,11 @@ TEST_CASE("remote buffer: a runtime-allocated buffer reads and writes like a reg
           "[remote][buffer][ucx]") {
   std::string transport = GENERATE("tcp", "ucx");
   INFO("transport " << transport);
-  troupe::Runtime owner(net(transport));
-  troupe::Runtime user(net(transport));
   constexpr size_t kBytes = 8 << 20;
-  auto reg = owner.allocate_buffer(kBytes);
-  REQUIRE(reg.has_value());
-  REQUIRE(reg->data() != nullptr);
-  CHECK(reg->handle().size() == kBytes);
-  auto* bytes = static_cast<uint8_t*>(reg->data());
-  for (size_t i = 0; i < kBytes; ++i) bytes[i] = pattern(i);
-  REQUIRE(owner.publish("buffers", owner.spawn<BufferKeeper>(reg->handle())).ok());
-  auto handle = user.resolve<BufferKeeper>(owner.address() + "/buffers").value().ask(GetBuffer{}).get().value();
+  AllocatedBuffer b(transport, kBytes);
+  auto& handle = b.handle;
+  uint8_t* bytes = b.bytes();
+  CHECK(handle.size() == kBytes);
 
   std::vector<uint8_t> local(kBytes);
   REQUIRE(handle.read_into(local.data(), kBytes).get().has_value());
@@ -161,11 +166,11 @@ TEST_CASE("remote buffer: a runtime-allocated buffer reads and writes like a reg
   CHECK(std::count(bytes + 12345, bytes + 12345 + sevens.size(), 7) == static_cast<long>(sevens.size()));
   CHECK(bytes[12344] == pattern(12344));
 
-  CHECK(owner.allocate_buffer(0).error().code() == ErrorCode::invalid_argument);
+  CHECK(b.owner.allocate_buffer(0).error().code() == ErrorCode::invalid_argument);
   // Freed with the registration; the handle then fails over TCP (see the
   // first test for UCX).
-  reg->reset();
-  CHECK(reg->data() == nullptr);
+  b.reg.reset();
+  CHECK(b.reg.data() == nullptr);
   if (transport == "tcp") CHECK(handle.read_into(local.data(), 16).get().error().code() == ErrorCode::not_found);
 }
 
@@ -173,16 +178,11 @@ TEST_CASE("remote buffer: an actor reads and writes a remote buffer without bloc
           "[remote][buffer][ucx]") {
   std::string transport = GENERATE("tcp", "ucx");
   INFO("transport " << transport);
-  troupe::Runtime owner(net(transport));
-  troupe::Runtime user(net(transport));
   constexpr size_t kBytes = 4 << 20;
-  auto reg = owner.allocate_buffer(kBytes).value();
-  auto* bytes = static_cast<uint8_t*>(reg.data());
-  for (size_t i = 0; i < kBytes; ++i) bytes[i] = pattern(i);
-  auto fetcher = user.spawn<Fetcher>();
-  // The handle crosses to the user's side inside a message, as it would.
-  REQUIRE(owner.publish("buffers", owner.spawn<BufferKeeper>(reg.handle())).ok());
-  auto handle = user.resolve<BufferKeeper>(owner.address() + "/buffers").value().ask(GetBuffer{}).get().value();
+  AllocatedBuffer b(transport, kBytes);
+  auto& handle = b.handle;
+  uint8_t* bytes = b.bytes();
+  auto fetcher = b.user.spawn<Fetcher>();
 
   uint64_t expected = 0;
   for (size_t i = 1000; i < 1000 + 300'000; ++i) expected += pattern(i);

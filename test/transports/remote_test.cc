@@ -32,23 +32,9 @@ using namespace std::chrono_literals;
 using namespace troupe::test;
 using troupe::ErrorCode;
 
-namespace {
-
-troupe::RuntimeConfig net(std::string token = "test-token", std::string listen = "tcp://127.0.0.1:0",
-                          std::string transport = "tcp") {
-  troupe::RuntimeConfig cfg;
-  cfg.listen = std::move(listen);
-  cfg.transport = std::move(transport);
-  cfg.cluster_token = std::move(token);
-  cfg.log_level = "warn";
-  return cfg;
-}
-
-}  // namespace
-
 TEST_CASE("remote: tell and ask across runtimes behave like local ones", "[remote]") {
-  troupe::Runtime server(net());
-  troupe::Runtime client(net("test-token", ""));
+  troupe::Runtime server(test_config());
+  troupe::Runtime client(test_config("tcp", false));
   auto service = server.spawn<Service>();
   REQUIRE(server.publish("service", service).ok());
   REQUIRE_FALSE(server.address().empty());
@@ -68,30 +54,12 @@ TEST_CASE("remote: tell and ask across runtimes behave like local ones", "[remot
   CHECK(later.error().code() == ErrorCode::actor_dead);
 }
 
-TEST_CASE("remote: payloads from 0 bytes to 256 MiB arrive intact", "[remote]") {
-  troupe::Runtime server(net());
-  troupe::Runtime client(net("test-token", ""));
-  REQUIRE(server.publish("service", server.spawn<Service>()).ok());
-  auto remote = client.resolve<Service>(server.address() + "/service").value();
-  for (size_t size : {size_t{0}, size_t{1}, size_t{4096}, size_t{1} << 20, size_t{256} << 20}) {
-    std::vector<uint8_t> bytes(size);
-    uint64_t sum = 0;
-    for (size_t i = 0; i < size; ++i) {
-      bytes[i] = static_cast<uint8_t>(i * 31 + 7);
-      sum += bytes[i];
-    }
-    auto r = remote.ask(Sum{std::move(bytes)}, 60s).get();
-    REQUIRE(r.has_value());
-    CHECK(*r == sum);
-  }
-}
-
 TEST_CASE("remote: per-sender order holds for concurrent senders and mixed sizes, on both transports",
           "[remote][ucx]") {
   std::string scheme = GENERATE(as<std::string>{}, "tcp", "ucx");
   INFO("transport " << scheme);
-  troupe::Runtime server(net("test-token", scheme + "://127.0.0.1:0", scheme));
-  troupe::Runtime client(net("test-token", "", scheme));
+  troupe::Runtime server(test_config(scheme));
+  troupe::Runtime client(test_config(scheme, false));
   REQUIRE(server.publish("service", server.spawn<Service>()).ok());
   auto remote = client.resolve<Service>(server.address() + "/service").value();
   constexpr int kSenders = 4, kEach = 5000;
@@ -116,8 +84,8 @@ TEST_CASE("remote: per-sender order holds for concurrent senders and mixed sizes
 }
 
 TEST_CASE("remote: a message without a wire declaration is refused before it leaves", "[remote]") {
-  troupe::Runtime server(net());
-  troupe::Runtime client(net("test-token", ""));
+  troupe::Runtime server(test_config());
+  troupe::Runtime client(test_config("tcp", false));
   REQUIRE(server.publish("service", server.spawn<Service>()).ok());
   auto remote = client.resolve<Service>(server.address() + "/service").value();
   auto r = remote.ask(Local{3}).get();
@@ -138,8 +106,8 @@ TEST_CASE("remote: a message without a wire declaration is refused before it lea
 TEST_CASE("remote: a wrong cluster token is refused with a clear error, on both transports", "[remote][ucx]") {
   std::string scheme = GENERATE(as<std::string>{}, "tcp", "ucx");
   INFO("transport " << scheme);
-  troupe::Runtime server(net("right-token", scheme + "://127.0.0.1:0", scheme));
-  troupe::Runtime client(net("wrong-token", "", scheme));
+  troupe::Runtime server(test_config(scheme, true, "right-token"));
+  troupe::Runtime client(test_config(scheme, false, "wrong-token"));
   REQUIRE(server.publish("service", server.spawn<Service>()).ok());
   auto r = client.resolve_any(server.address() + "/service", 5s);
   REQUIRE_FALSE(r.has_value());
@@ -148,8 +116,8 @@ TEST_CASE("remote: a wrong cluster token is refused with a clear error, on both 
 }
 
 TEST_CASE("remote: monitors of a remote actor fire when it stops", "[remote]") {
-  troupe::Runtime server(net());
-  troupe::Runtime client(net("test-token", ""));
+  troupe::Runtime server(test_config());
+  troupe::Runtime client(test_config("tcp", false));
   REQUIRE(server.publish("service", server.spawn<Service>()).ok());
   auto remote = client.resolve<Service>(server.address() + "/service").value();
   REQUIRE(remote.ask(Echo{"warm up"}).get().has_value());
@@ -165,7 +133,7 @@ TEST_CASE("remote: kill -9 of the peer process fails pending asks with peer_lost
   std::string scheme = GENERATE(as<std::string>{}, "tcp", "ucx");
   INFO("transport " << scheme);
   PeerProcess peer("test-token", scheme);
-  troupe::Runtime client(net("test-token", "", scheme));
+  troupe::Runtime client(test_config(scheme, false));
   auto remote = client.resolve<Service>(peer.address() + "/service");
   REQUIRE(remote.has_value());
   REQUIRE(remote->ask(Echo{"alive?"}).get().value() == "echo: alive?");
@@ -191,12 +159,12 @@ TEST_CASE("remote: kill -9 of the peer process fails pending asks with peer_lost
 TEST_CASE("remote: a separate process answers asks and refuses the wrong token", "[remote]") {
   PeerProcess peer("process-token");
   {
-    troupe::Runtime client(net("process-token", ""));
+    troupe::Runtime client(test_config("tcp", false, "process-token"));
     auto remote = client.resolve<Service>(peer.address() + "/service");
     REQUIRE(remote.has_value());
     CHECK(remote->ask(Echo{"from another process"}).get().value() == "echo: from another process");
   }
-  troupe::Runtime intruder(net("not-the-token", ""));
+  troupe::Runtime intruder(test_config("tcp", false, "not-the-token"));
   auto r = intruder.resolve_any(peer.address() + "/service", 5s);
   REQUIRE_FALSE(r.has_value());
   CHECK(r.error().code() == ErrorCode::refused);
@@ -214,8 +182,8 @@ class JournalListener : public troupe::Actor<JournalListener, Notify> {
 }  // namespace
 
 TEST_CASE("remote: refs inside messages stay usable across the boundary, and come home as local refs", "[remote]") {
-  troupe::Runtime server(net());
-  troupe::Runtime client(net());  // listens too: the server calls back
+  troupe::Runtime server(test_config());
+  troupe::Runtime client(test_config());  // listens too: the server calls back
   REQUIRE(server.publish("hub", server.spawn<Hub>()).ok());
   auto hub = client.resolve<Hub>(server.address() + "/hub").value();
   auto journal = std::make_shared<troupe::test::Journal>();
@@ -238,7 +206,7 @@ TEST_CASE("remote buffer: another process's memory reads and writes intact, and 
   std::string transport = GENERATE("tcp", "ucx");
   INFO("transport " << transport);
   PeerProcess peer("test-token", transport);
-  troupe::Runtime client(net("test-token", "", transport));
+  troupe::Runtime client(test_config(transport, false));
   auto keeper = client.resolve<BufferKeeper>(peer.address() + "/buffers").value();
   auto handle = keeper.ask(GetBuffer{}).get().value();
   CHECK(handle.remote_key().empty() == (transport == "tcp"));
@@ -283,7 +251,7 @@ double cpu_seconds(pid_t pid) {
 
 TEST_CASE("remote: an idle process with open connections uses almost no CPU", "[remote]") {
   PeerProcess peer;
-  troupe::Runtime client(net("test-token", ""));
+  troupe::Runtime client(test_config("tcp", false));
   auto remote = client.resolve<Service>(peer.address() + "/service").value();
   REQUIRE(remote.ask(Echo{"connected"}).get().has_value());
   double before = cpu_seconds(peer.pid());
@@ -341,7 +309,7 @@ class RawPeer {
 
 TEST_CASE("remote: a node that dials again supersedes its old connection, so nothing old arrives after new",
           "[remote]") {
-  troupe::Runtime server(net());
+  troupe::Runtime server(test_config());
   troupe::wire::Hello hello{troupe::wire::kProtocolVersion, 0x1234, "test-token", ""};
   RawPeer first(server.address());
   first.send(hello);
@@ -363,7 +331,7 @@ TEST_CASE("remote: four processes ask, tell and relay between each other, on bot
   INFO("transport " << scheme);
   std::vector<std::unique_ptr<PeerProcess>> peers;
   for (int i = 0; i < 3; ++i) peers.push_back(std::make_unique<PeerProcess>("test-token", scheme));
-  troupe::Runtime client(net("test-token", "", scheme));
+  troupe::Runtime client(test_config(scheme, false));
   std::vector<troupe::ActorRef<Service>> services;
   for (auto& p : peers) services.push_back(client.resolve<Service>(p->address() + "/service").value());
 
@@ -406,7 +374,7 @@ TEST_CASE("remote: payloads from 0 bytes to 256 MiB reach another process intact
   std::string scheme = GENERATE(as<std::string>{}, "tcp", "ucx");
   INFO("transport " << scheme);
   PeerProcess peer("test-token", scheme);
-  troupe::Runtime client(net("test-token", "", scheme));
+  troupe::Runtime client(test_config(scheme, false));
   auto remote = client.resolve<Service>(peer.address() + "/service").value();
   for (size_t size : {size_t{0}, size_t{1}, size_t{100}, size_t{4096}, size_t{70'000}, size_t{1} << 20,
                       size_t{256} << 20}) {

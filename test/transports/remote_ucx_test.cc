@@ -14,20 +14,9 @@ using namespace std::chrono_literals;
 using namespace troupe::test;
 using troupe::ErrorCode;
 
-namespace {
-troupe::RuntimeConfig ucx(std::string token = "test-token", bool listen = true) {
-  troupe::RuntimeConfig cfg;
-  if (listen) cfg.listen = "ucx://127.0.0.1:0";
-  cfg.transport = "ucx";
-  cfg.cluster_token = std::move(token);
-  cfg.log_level = "warn";
-  return cfg;
-}
-}  // namespace
-
 TEST_CASE("ucx: tell and ask across runtimes, payloads up to 64 MiB (rendezvous)", "[remote][ucx]") {
-  troupe::Runtime server(ucx());
-  troupe::Runtime client(ucx("test-token", false));
+  troupe::Runtime server(test_config("ucx"));
+  troupe::Runtime client(test_config("ucx", false));
   REQUIRE(server.address().rfind("ucx://", 0) == 0);
   REQUIRE(server.publish("service", server.spawn<Service>()).ok());
   auto remote = client.resolve<Service>(server.address() + "/service");
@@ -44,8 +33,8 @@ TEST_CASE("ucx: tell and ask across runtimes, payloads up to 64 MiB (rendezvous)
 }
 
 TEST_CASE("ucx: messages of every small size arrive (UCX 1.13 short-protocol bug worked around)", "[remote][ucx]") {
-  troupe::Runtime server(ucx());
-  troupe::Runtime client(ucx("test-token", false));
+  troupe::Runtime server(test_config("ucx"));
+  troupe::Runtime client(test_config("ucx", false));
   REQUIRE(server.publish("service", server.spawn<Service>()).ok());
   auto remote = client.resolve<Service>(server.address() + "/service").value();
   int failed = 0;
