@@ -531,6 +531,21 @@ void Node::on_connected(transport::PeerId id, bool inbound) {
 }
 
 void Node::on_frame(transport::PeerId id, transport::InFrame frame) {
+  int64_t start = now_us();
+  handling_since_us_.store(start);
+  handle_frame(id, std::move(frame));
+  int64_t end = now_us();
+  handling_since_us_.store(0);
+  auto interval_us = std::chrono::duration_cast<std::chrono::microseconds>(config_.heartbeat_interval).count();
+  if (end - start > interval_us) {
+    // Nothing was read while this frame was handled: every peer gets a
+    // fresh window rather than being declared dead for our own stall.
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& [pid, p] : peers_) p->last_recv_us = std::max(p->last_recv_us.load(), end);
+  }
+}
+
+void Node::handle_frame(transport::PeerId id, transport::InFrame frame) {
   auto peer = find_peer(id);
   if (!peer) return;
   peer->last_recv_us = now_us();
@@ -1005,8 +1020,10 @@ void Node::heartbeat_loop() {
     int64_t now = now_us();
     auto interval_us = std::chrono::duration_cast<std::chrono::microseconds>(config_.heartbeat_interval).count();
     auto dead_us = std::chrono::duration_cast<std::chrono::microseconds>(config_.dead_after).count();
+    int64_t handling_since = handling_since_us_.load();
+    bool stalled = handling_since != 0 && now - handling_since > interval_us;  // see handling_since_us_
     for (auto& p : peers) {
-      if (now - p->last_recv_us.load() > dead_us) {
+      if (!stalled && now - p->last_recv_us.load() > dead_us) {
         transport_->close(p->id, "no frame for " + std::to_string(config_.dead_after.count()) +
                                      " ms (heartbeat timeout): the peer is hung or unreachable");
       } else if (p->ready && now - p->last_send_us.load() > interval_us) {

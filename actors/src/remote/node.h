@@ -126,6 +126,7 @@ class Node : public std::enable_shared_from_this<Node> {
   // Transport events (transport thread).
   void on_connected(transport::PeerId id, bool inbound);
   void on_frame(transport::PeerId id, transport::InFrame frame);
+  void handle_frame(transport::PeerId id, transport::InFrame frame);
   void on_lost(transport::PeerId id, Status why);
   void on_envelope(const std::shared_ptr<Peer>& peer, const wire::EnvelopeHeader& h, std::string payload);
 
@@ -161,6 +162,10 @@ class Node : public std::enable_shared_from_this<Node> {
   };
   std::unordered_map<uint64_t, PendingRegionOp> region_ops_;
   std::atomic<uint64_t> next_correlation_{1};
+  /// When the frame being handled now started (0: none). A frame that takes
+  /// long to handle (decoding a huge payload) stalls this node's reading;
+  /// peers are not to blame for the silence meanwhile.
+  std::atomic<int64_t> handling_since_us_{0};
 
   std::mutex hb_mu_;
   std::condition_variable hb_cv_;
