@@ -829,6 +829,9 @@ class UcxTransport final : public Transport {
     if (peer == 0) return;
     if (auto it = arrivals_.find(peer); it != arrivals_.end()) {
       it->second.push_back(std::make_shared<Arrival>(Arrival{true, false, std::move(data), batch}));
+      // Held back behind a rendezvous, but a sign of life all the same (a
+      // large transfer may take longer than the peer-death bound).
+      if (events_.on_activity) deferred_activity_.push_back(peer);
       return;
     }
     batch ? unpack_batch(peer, std::move(data), /*tag_checked=*/true) : unpack(peer, std::move(data), true);
