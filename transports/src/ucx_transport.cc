@@ -116,6 +116,13 @@ struct SendRequest {
   uint64_t tag = 0;  // the AM header of rendezvous frames
   PeerId peer = 0;   // set for frames counted in the connection's in_flight
   UcxTransport* self = nullptr;
+  /// Rendezvous frames: the payload stays in `data` untouched and the
+  /// header, its length and the tag follow from `tail`, as a two-part IOV,
+  /// so that a large payload is never copied (the short path that loses
+  /// IOV messages is an eager path; rendezvous never takes it).
+  std::string tail{};
+  ucp_dt_iov_t iov[2]{};
+  size_t bytes() const { return data.size() + tail.size(); }
 };
 
 // A batch: per frame u64 payload bytes, u64 header bytes, payload, header;
@@ -306,11 +313,15 @@ class UcxTransport final : public Transport {
     }
     if (Status s = flush_batch_locked(ep); !s.ok()) return s;  // what gathered goes first
     auto* req = new SendRequest{std::move(frame.payload), frame.header.size()};
-    req->data.append(frame.header);
-    req->data.append(reinterpret_cast<const char*>(&req->header_bytes), sizeof(req->header_bytes));
-    req->data.append(reinterpret_cast<const char*>(&ep.remote_tag), sizeof(ep.remote_tag));
     req->peer = ep.id;
-    if (req->data.size() >= kRendezvousBytes) {
+    // Large frames: payload untouched, the rest in `tail` (no copy under
+    // this lock, which heartbeats and other senders wait on).
+    bool rendezvous = req->data.size() + frame.header.size() + 16 >= kRendezvousBytes;
+    std::string& rest = rendezvous ? req->tail : req->data;
+    rest.append(frame.header);
+    rest.append(reinterpret_cast<const char*>(&req->header_bytes), sizeof(req->header_bytes));
+    rest.append(reinterpret_cast<const char*>(&ep.remote_tag), sizeof(ep.remote_tag));
+    if (rendezvous) {
       req->tag = ep.remote_tag;
       return send_raw(&ep, ep.handle, kDataAm, req, UCP_AM_SEND_FLAG_RNDV, /*with_tag_header=*/true);
     }
@@ -341,16 +352,26 @@ class UcxTransport final : public Transport {
       auto* req = static_cast<SendRequest*>(user_data);
       // Inside progress, under UCX's lock: the connection's books (its
       // mutex) are settled after progress returns.
-      if (req->peer != 0) req->self->deferred_sent_.emplace_back(req->peer, req->data.size());
+      if (req->peer != 0) req->self->deferred_sent_.emplace_back(req->peer, req->bytes());
       delete req;
       ucp_request_free(request);
     };
     p.user_data = req;
     req->self = this;
-    size_t bytes = req->data.size();
+    size_t bytes = req->bytes();
     bool counted = ep != nullptr && req->peer != 0;
+    const void* buffer = req->data.data();
+    size_t count = req->data.size();
+    if (!req->tail.empty()) {
+      req->iov[0] = {req->data.data(), req->data.size()};
+      req->iov[1] = {req->tail.data(), req->tail.size()};
+      p.op_attr_mask |= UCP_OP_ATTR_FIELD_DATATYPE;
+      p.datatype = ucp_dt_make_iov();
+      buffer = req->iov;
+      count = 2;
+    }
     ucs_status_ptr_t r = ucp_am_send_nbx(handle, am, with_tag_header ? &req->tag : nullptr,
-                                         with_tag_header ? sizeof(req->tag) : 0, req->data.data(), req->data.size(), &p);
+                                         with_tag_header ? sizeof(req->tag) : 0, buffer, count, &p);
     if (UCS_PTR_IS_ERR(r)) {
       delete req;
       return ucx_error("send", UCS_PTR_STATUS(r));
