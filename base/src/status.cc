@@ -23,6 +23,7 @@ std::string_view error_code_name(ErrorCode code) {
     case ErrorCode::refused: return "refused";
     case ErrorCode::malformed: return "malformed";
     case ErrorCode::unsupported: return "unsupported";
+    case ErrorCode::storage: return "storage";
   }
   return "unknown_error_code";
 }

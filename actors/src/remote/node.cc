@@ -796,7 +796,7 @@ void Node::on_envelope(const std::shared_ptr<Peer>& peer, const wire::EnvelopeHe
         r->complete_bytes(payload);
       } else {
         auto code = static_cast<ErrorCode>(h.error_code);
-        if (h.error_code == 0 || h.error_code > static_cast<uint8_t>(ErrorCode::unsupported)) code = ErrorCode::malformed;
+        if (h.error_code == 0 || h.error_code > static_cast<uint8_t>(ErrorCode::storage)) code = ErrorCode::malformed;
         r->fail(Status(code, h.error_message));
       }
       return;

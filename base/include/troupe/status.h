@@ -47,6 +47,9 @@ enum class ErrorCode : uint8_t {
   /// The operation is not available here (a transport without one-sided
   /// access, a build without CUDA).
   unsupported,
+  /// Durable storage failed (a full disk, an I/O error); nothing was lost
+  /// that had been written before.
+  storage,
 };
 
 /// A stable lowercase name for a code, e.g. "actor_dead".
