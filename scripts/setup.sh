@@ -10,8 +10,8 @@ packages=(
   # chosen dependencies (see DEVELOPERS.md): CAF (in-process actors), UCX,
   # Cap'n Proto, Catch2 v2, fmt, plus spdlog for logs
   libcaf-dev libucx-dev ucx-utils capnproto libcapnp-dev catch2 libfmt-dev libspdlog-dev
-  # the head's durable state
-  libsqlite3-dev
+  # the cluster: the head's durable state, the command line, its JSON output
+  libsqlite3-dev libcli11-dev nlohmann-json3-dev
 )
 
 missing=()

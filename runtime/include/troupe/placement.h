@@ -17,6 +17,7 @@
 #include <string_view>
 #include <vector>
 
+#include "troupe/codec.h"
 #include "troupe/status.h"
 
 namespace troupe {
@@ -45,6 +46,8 @@ struct LabelCondition {
 
   /// Whether a node with `labels` satisfies this condition.
   bool matches(const Labels& labels) const;
+
+  TROUPE_FIELDS(key, values, negate);
 };
 
 /// All conditions must hold.
@@ -66,6 +69,8 @@ Result<Labels> parse_labels(std::string_view text);
 struct Bundle {
   ResourceMap resources;
   LabelSelector label_selector{};
+
+  TROUPE_FIELDS(resources, label_selector);
 };
 
 /// What to reserve.
@@ -77,6 +82,8 @@ struct PlacementGroupSpec {
   /// When set, every bundle goes to nodes with the same value of this label
   /// (e.g. "rack": the group stays inside one rack).
   std::string same_label{};
+
+  TROUPE_FIELDS(name, strategy, bundles, same_label);
 };
 
 }  // namespace troupe

@@ -213,6 +213,28 @@ void Ledger::release(const std::string& group) {
   groups_.erase(it);
 }
 
+bool Ledger::restore(const std::string& group, const PlacementGroupSpec& spec, std::vector<NodeIndex> nodes) {
+  if (groups_.count(group) || nodes.size() != spec.bundles.size()) return false;
+  Group g;
+  g.spec = spec;
+  for (auto& b : spec.bundles) g.demands.push_back(demand_of(b.resources));
+  for (NodeIndex& n : nodes) {
+    if (n != kNoNode && (n >= nodes_.size() || !nodes_[n].alive)) n = kNoNode;
+  }
+  g.nodes = std::move(nodes);
+  std::vector<size_t> held;
+  Scratch s;
+  for (size_t b = 0; b < g.nodes.size(); ++b) {
+    if (g.nodes[b] == kNoNode) continue;
+    if (!fits(s.free(*this, g.nodes[b]), g.demands[b])) return false;
+    s.take(*this, g.nodes[b], g.demands[b]);
+    held.push_back(b);
+  }
+  commit(g, held);
+  groups_.emplace(group, std::move(g));
+  return true;
+}
+
 std::vector<NodeIndex> Ledger::placement(const std::string& group) const {
   auto it = groups_.find(group);
   return it == groups_.end() ? std::vector<NodeIndex>{} : it->second.nodes;

@@ -55,6 +55,11 @@ class Ledger {
   PlaceOutcome reschedule(const std::string& group);
   /// Frees a group's bundles (no-op for unknown groups).
   void release(const std::string& group);
+  /// Records a group already placed on `nodes` (head recovery): reserves its
+  /// bundles there without searching. Bundles on kNoNode or dead nodes are
+  /// lost, for reschedule(). False when it does not fit (then nothing is
+  /// reserved and the group is not recorded).
+  bool restore(const std::string& group, const PlacementGroupSpec& spec, std::vector<NodeIndex> nodes);
 
   /// Where a group's bundles are (kNoNode for lost ones); empty if unknown.
   std::vector<NodeIndex> placement(const std::string& group) const;

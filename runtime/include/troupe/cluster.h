@@ -1,0 +1,100 @@
+// The cluster, seen from a driver: connect to a head (`troupe start --head`),
+// look at its nodes, reserve placement groups.
+//
+//   troupe::Runtime rt({.transport = "tcp"});
+//   auto cluster = troupe::ClusterClient::connect(rt, "tcp://10.0.0.1:6380").value();
+//   auto pg = cluster.create_placement_group({.strategy = troupe::PlacementStrategy::strict_spread,
+//                                             .bundles = {{{{"GPU", 1}}}, {{{"GPU", 1}}}}}).value();
+//   cluster.wait_placement_group(pg, 10s);   // Ray's pg.ready()
+//
+// See docs/cluster.md.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "troupe/actor_ref.h"
+#include "troupe/codec.h"
+#include "troupe/placement.h"
+#include "troupe/runtime.h"
+#include "troupe/status.h"
+
+namespace troupe {
+
+/// A node as the head sees it.
+struct NodeInfo {
+  std::string id;
+  /// The node agent's address.
+  std::string address;
+  ResourceMap total;
+  ResourceMap free;
+  Labels labels;
+  /// "alive" or "dead".
+  std::string state;
+  /// Milliseconds since the head last heard from it.
+  int64_t silent_ms = 0;
+
+  TROUPE_FIELDS(id, address, total, free, labels, state, silent_ms);
+};
+
+/// A placement group as the head sees it.
+struct PlacementGroupInfo {
+  std::string id;
+  PlacementGroupSpec spec;
+  /// "pending", "created" (all bundles reserved), "rescheduling" (a node
+  /// with some of its bundles died) or "removed".
+  std::string state;
+  /// Why it is not created yet, when it is not.
+  std::string reason;
+  /// Per bundle, the id of its node ("" while not placed).
+  std::vector<std::string> bundle_nodes;
+
+  TROUPE_FIELDS(id, spec, state, reason, bundle_nodes);
+};
+
+/// What `troupe status` shows.
+struct ClusterStatus {
+  std::string head_address;
+  std::vector<NodeInfo> nodes;
+  std::vector<PlacementGroupInfo> placement_groups;
+
+  TROUPE_FIELDS(head_address, nodes, placement_groups);
+};
+
+/// A driver's handle on a running cluster. Cheap to copy.
+class ClusterClient {
+ public:
+  /// Connects through `rt` to the head at `head_address` ("tcp://host:port",
+  /// "ucx://host:port" or "host:port"). Fails with a clear error when nothing
+  /// answers there.
+  static Result<ClusterClient> connect(Runtime& rt, const std::string& head_address,
+                                       std::chrono::milliseconds timeout = std::chrono::seconds(10));
+
+  /// The cluster's nodes and placement groups.
+  Result<ClusterStatus> status(std::chrono::milliseconds timeout = std::chrono::seconds(10)) const;
+
+  /// Reserves a placement group; returns its id at once (the group may be
+  /// pending: see wait_placement_group). Fails for an invalid spec or a name
+  /// already taken.
+  Result<std::string> create_placement_group(const PlacementGroupSpec& spec,
+                                             std::chrono::milliseconds timeout = std::chrono::seconds(10)) const;
+  /// Waits until the group is created (all bundles reserved): Ray's ready().
+  /// On timeout the error carries the reason it is still pending.
+  Result<PlacementGroupInfo> wait_placement_group(const std::string& id, std::chrono::milliseconds timeout) const;
+  /// Frees the group's resources (and, with actors, stops its actors).
+  Status remove_placement_group(const std::string& id,
+                                std::chrono::milliseconds timeout = std::chrono::seconds(10)) const;
+
+  /// Internal.
+  explicit ClusterClient(AnyRef head, std::string address) : head_(std::move(head)), address_(std::move(address)) {}
+  /// The head's address.
+  const std::string& address() const { return address_; }
+
+ private:
+  AnyRef head_;
+  std::string address_;
+};
+
+}  // namespace troupe

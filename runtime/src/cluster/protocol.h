@@ -1,0 +1,63 @@
+// Messages between drivers, node agents and the head. Names are qualified
+// ("troupe.…") so that they never clash with a user's message types.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "troupe/actor_ref.h"
+#include "troupe/cluster.h"
+#include "troupe/message.h"
+#include "troupe/placement.h"
+
+namespace troupe::cluster {
+
+/// The name the head publishes its actor under, and the agent's.
+inline constexpr const char* kHeadName = "troupe.head";
+inline constexpr const char* kAgentName = "troupe.agent";
+
+/// Agent -> head: this node joins (or comes back after a head restart).
+struct RegisterNode {
+  std::string node_id;
+  std::string address;
+  ResourceMap resources;
+  Labels labels;
+  AnyRef agent;  // watched: its process dying marks the node dead at once
+  TROUPE_MESSAGE_NAMED(RegisterNode, "troupe.RegisterNode", node_id, address, resources, labels, agent);
+};
+/// Head -> agent, answering RegisterNode: how often to beat.
+struct Registered {
+  int64_t heartbeat_ms = 0;
+  TROUPE_MESSAGE_NAMED(Registered, "troupe.Registered", heartbeat_ms);
+};
+/// Agent -> head, every heartbeat period; the answer false means "register
+/// again" (the head restarted without it, or declared it dead).
+struct NodeHeartbeat {
+  std::string node_id;
+  TROUPE_MESSAGE_NAMED(NodeHeartbeat, "troupe.NodeHeartbeat", node_id);
+};
+
+/// Anyone -> agent: which node is this?
+struct GetNodeId {
+  TROUPE_MESSAGE_NAMED(GetNodeId, "troupe.GetNodeId");
+};
+
+/// Driver -> head.
+struct CreatePlacementGroup {
+  PlacementGroupSpec spec;
+  TROUPE_MESSAGE_NAMED(CreatePlacementGroup, "troupe.CreatePlacementGroup", spec);
+};
+struct WaitPlacementGroup {
+  std::string id;
+  int64_t timeout_ms = 0;
+  TROUPE_MESSAGE_NAMED(WaitPlacementGroup, "troupe.WaitPlacementGroup", id, timeout_ms);
+};
+struct RemovePlacementGroup {
+  std::string id;
+  TROUPE_MESSAGE_NAMED(RemovePlacementGroup, "troupe.RemovePlacementGroup", id);
+};
+struct GetClusterStatus {
+  TROUPE_MESSAGE_NAMED(GetClusterStatus, "troupe.GetClusterStatus");
+};
+
+}  // namespace troupe::cluster

@@ -1,0 +1,303 @@
+#include "head_actor.h"
+
+#include <algorithm>
+#include <random>
+
+#include "log.h"
+
+namespace troupe::cluster {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+Status check_spec(const PlacementGroupSpec& spec) {
+  if (spec.bundles.empty()) {
+    return Status(ErrorCode::invalid_argument, "placement group: it needs at least one bundle");
+  }
+  for (size_t i = 0; i < spec.bundles.size(); ++i) {
+    bool any = false;
+    for (auto& [name, amount] : spec.bundles[i].resources) {
+      if (!(amount >= 0)) {
+        return Status(ErrorCode::invalid_argument, "placement group: bundle " + std::to_string(i) + " asks for " +
+                                                       std::to_string(amount) + " " + name + " (must be >= 0)");
+      }
+      any |= amount > 0;
+    }
+    if (!any) {
+      return Status(ErrorCode::invalid_argument, "placement group: bundle " + std::to_string(i) +
+                                                     " asks for no resources (give at least one amount > 0)");
+    }
+  }
+  return {};
+}
+
+}  // namespace
+
+HeadActor::HeadActor(std::shared_ptr<Store> store, HeadConfig config)
+    : store_(std::move(store)), config_(std::move(config)) {}
+
+void HeadActor::on_start() {
+  load();
+  after(config_.heartbeat / 2, [this] { tick(); });
+}
+
+std::string HeadActor::new_group_id() {
+  static thread_local std::mt19937_64 rng(std::random_device{}());
+  char buf[24];
+  std::snprintf(buf, sizeof(buf), "pg-%016llx", static_cast<unsigned long long>(rng()));
+  return buf;
+}
+
+Status HeadActor::persist_node(const Node& n) { return store_->put("node", n.info.id, codec::encode(n.info)); }
+
+Status HeadActor::persist_group(const Group& g) { return store_->put("pg", g.info.id, codec::encode(g.info)); }
+
+void HeadActor::load() {
+  auto now = Clock::now();
+  if (auto nodes = store_->all("node")) {
+    for (auto& [id, body] : *nodes) {
+      auto info = codec::decode<NodeInfo>(body);
+      if (!info) {
+        TROUPE_LOG(err, "event=store_record_unreadable kind=node id={} reason=\"{}\"", id, info.error().message());
+        continue;
+      }
+      if (info->state != "alive") continue;  // dead nodes come back by registering
+      Node n;
+      n.info = std::move(*info);
+      // Known alive before the restart: it has dead_after to beat again.
+      n.index = ledger_.add_node(n.info.id, n.info.total, n.info.labels);
+      n.last_heard = now;
+      nodes_.emplace(id, std::move(n));
+    }
+  } else {
+    TROUPE_LOG(err, "event=store_read_failed kind=node reason=\"{}\"", nodes.error().message());
+  }
+  if (auto groups = store_->all("pg")) {
+    for (auto& [id, body] : *groups) {
+      auto info = codec::decode<PlacementGroupInfo>(body);
+      if (!info) {
+        TROUPE_LOG(err, "event=store_record_unreadable kind=pg id={} reason=\"{}\"", id, info.error().message());
+        continue;
+      }
+      Group g;
+      g.info = std::move(*info);
+      if (!g.info.spec.name.empty()) group_names_[g.info.spec.name] = id;
+      if (g.info.state == "pending") {
+        pending_.push_back(id);
+      } else {
+        std::vector<NodeIndex> where;
+        for (auto& node : g.info.bundle_nodes) where.push_back(node.empty() ? kNoNode : ledger_.find_node(node));
+        if (!ledger_.restore(id, g.info.spec, where)) {
+          g.info.state = "pending";
+          g.info.bundle_nodes.assign(g.info.spec.bundles.size(), "");
+          pending_.push_back(id);
+        } else {
+          auto now_on = ledger_.placement(id);
+          if (std::count(now_on.begin(), now_on.end(), kNoNode) > 0) {
+            g.info.state = "rescheduling";
+            pending_.insert(pending_.begin(), id);
+          }
+        }
+      }
+      groups_.emplace(id, std::move(g));
+    }
+  } else {
+    TROUPE_LOG(err, "event=store_read_failed kind=pg reason=\"{}\"", groups.error().message());
+  }
+  TROUPE_LOG(info, "event=head_recovered nodes={} placement_groups={} pending={}", nodes_.size(), groups_.size(),
+             pending_.size());
+  place_pending();
+}
+
+Result<Registered> HeadActor::handle(const RegisterNode& m) {
+  if (m.node_id.empty()) return error(ErrorCode::invalid_argument, "register: empty node id");
+  auto it = nodes_.find(m.node_id);
+  bool known_alive = it != nodes_.end() && it->second.info.state == "alive" && it->second.info.total == m.resources;
+  Node& n = nodes_[m.node_id];
+  if (!known_alive) {
+    // New, dead before, or changed: its resources start free (whatever it
+    // held was rescheduled when it died).
+    n.index = ledger_.add_node(m.node_id, m.resources, m.labels);
+  }
+  n.info.id = m.node_id;
+  n.info.address = m.address;
+  n.info.total = m.resources;
+  n.info.labels = m.labels;
+  n.info.state = "alive";
+  n.last_heard = Clock::now();
+  if (n.monitor != 0) demonitor(n.monitor);
+  n.agent = m.agent;
+  if (m.agent) {
+    std::string id = m.node_id;
+    n.monitor = monitor(m.agent, [this, id](const Down& d) {
+      node_dead(id, "its agent is gone (" + d.reason.to_string() + ")");
+    });
+  }
+  if (Status s = persist_node(n); !s.ok()) return error(s);
+  TROUPE_LOG(info, "event=node_registered node={} address={} resources={} rejoined={}", m.node_id, m.address,
+             m.resources.size(), known_alive);
+  place_pending();
+  return Registered{config_.heartbeat.count()};
+}
+
+Result<bool> HeadActor::handle(const NodeHeartbeat& m) {
+  auto it = nodes_.find(m.node_id);
+  if (it == nodes_.end() || it->second.info.state != "alive") return false;  // register again
+  it->second.last_heard = Clock::now();
+  return true;
+}
+
+Result<std::string> HeadActor::handle(const CreatePlacementGroup& m) {
+  if (Status s = check_spec(m.spec); !s.ok()) return error(s);
+  if (!m.spec.name.empty() && group_names_.count(m.spec.name)) {
+    return error(ErrorCode::already_exists, "placement group: the name '" + m.spec.name + "' is taken (by " +
+                                                group_names_[m.spec.name] + ")");
+  }
+  Group g;
+  g.info.id = new_group_id();
+  g.info.spec = m.spec;
+  g.info.bundle_nodes.assign(m.spec.bundles.size(), "");
+  auto out = ledger_.place(g.info.id, m.spec);
+  if (out.placed) {
+    g.info.state = "created";
+    for (size_t b = 0; b < out.nodes.size(); ++b) g.info.bundle_nodes[b] = ledger_.node(out.nodes[b]).id;
+  } else {
+    g.info.state = "pending";
+    g.info.reason = out.reason;
+  }
+  if (Status s = persist_group(g); !s.ok()) {
+    ledger_.release(g.info.id);
+    return error(s);
+  }
+  std::string id = g.info.id;
+  if (!m.spec.name.empty()) group_names_[m.spec.name] = id;
+  if (!out.placed) pending_.push_back(id);
+  groups_.emplace(id, std::move(g));
+  return id;
+}
+
+Deferred<PlacementGroupInfo> HeadActor::handle(const WaitPlacementGroup& m) {
+  auto reply = defer<PlacementGroupInfo>();
+  auto it = groups_.find(m.id);
+  if (it == groups_.end()) {
+    reply.fail(Status(ErrorCode::not_found, "placement group " + m.id + " does not exist (removed?)"));
+  } else if (it->second.info.state == "created") {
+    reply.complete(it->second.info);
+  } else {
+    it->second.waiters.push_back(Waiter{reply, Clock::now() + std::chrono::milliseconds(m.timeout_ms)});
+  }
+  return reply;
+}
+
+Result<void> HeadActor::handle(const RemovePlacementGroup& m) {
+  auto it = groups_.find(m.id);
+  if (it == groups_.end()) return error(ErrorCode::not_found, "placement group " + m.id + " does not exist");
+  if (Status s = store_->erase("pg", m.id); !s.ok()) return error(s);
+  ledger_.release(m.id);
+  for (auto& w : it->second.waiters) {
+    w.reply.fail(Status(ErrorCode::not_found, "placement group " + m.id + " was removed while waited for"));
+  }
+  if (!it->second.info.spec.name.empty()) group_names_.erase(it->second.info.spec.name);
+  groups_.erase(it);
+  pending_.erase(std::remove(pending_.begin(), pending_.end(), m.id), pending_.end());
+  place_pending();
+  return {};
+}
+
+ClusterStatus HeadActor::handle(const GetClusterStatus&) {
+  ClusterStatus st;
+  st.head_address = config_.address;
+  auto now = Clock::now();
+  for (auto& [id, n] : nodes_) {
+    NodeInfo info = n.info;
+    if (n.index != kNoNode && info.state == "alive") info.free = ledger_.free_of(n.index);
+    info.silent_ms = std::chrono::duration_cast<std::chrono::milliseconds>(now - n.last_heard).count();
+    st.nodes.push_back(std::move(info));
+  }
+  for (auto& [id, g] : groups_) st.placement_groups.push_back(g.info);
+  return st;
+}
+
+void HeadActor::tick() {
+  auto now = Clock::now();
+  std::vector<std::pair<std::string, int64_t>> silent;
+  for (auto& [id, n] : nodes_) {
+    auto quiet = std::chrono::duration_cast<std::chrono::milliseconds>(now - n.last_heard);
+    if (n.info.state == "alive" && quiet > config_.dead_after) silent.emplace_back(id, quiet.count());
+  }
+  for (auto& [id, ms] : silent) {
+    node_dead(id, "no heartbeat for " + std::to_string(ms) + " ms (bound " +
+                      std::to_string(config_.dead_after.count()) + " ms): hung, partitioned or gone");
+  }
+  for (auto& [id, g] : groups_) {
+    auto& ws = g.waiters;
+    for (auto w = ws.begin(); w != ws.end();) {
+      if (w->deadline <= now) {
+        w->reply.fail(Status(ErrorCode::timeout, "placement group " + id + " is still " + g.info.state + ": " +
+                                                     g.info.reason));
+        w = ws.erase(w);
+      } else {
+        ++w;
+      }
+    }
+  }
+  after(config_.heartbeat / 2, [this] { tick(); });
+}
+
+void HeadActor::node_dead(const std::string& id, const std::string& why) {
+  auto it = nodes_.find(id);
+  if (it == nodes_.end() || it->second.info.state != "alive") return;
+  Node& n = it->second;
+  n.info.state = "dead";
+  if (n.monitor != 0) demonitor(n.monitor);
+  n.monitor = 0;
+  TROUPE_LOG(warn, "event=node_dead node={} reason=\"{}\"", id, why);
+  (void)persist_node(n);
+  for (const std::string& gid : ledger_.remove_node(n.index)) {
+    auto g = groups_.find(gid);
+    if (g == groups_.end()) continue;
+    g->second.info.state = "rescheduling";
+    g->second.info.reason = "node " + id + " died: " + why;
+    for (auto& node : g->second.info.bundle_nodes) {
+      if (node == id) node.clear();
+    }
+    (void)persist_group(g->second);
+    pending_.erase(std::remove(pending_.begin(), pending_.end(), gid), pending_.end());
+    pending_.insert(pending_.begin(), gid);  // before new groups
+  }
+  place_pending();
+}
+
+void HeadActor::place_pending() {
+  std::vector<std::string> still;
+  for (const std::string& id : pending_) {
+    auto it = groups_.find(id);
+    if (it == groups_.end()) continue;
+    Group& g = it->second;
+    PlaceOutcome out = g.info.state == "rescheduling" ? ledger_.reschedule(id) : ledger_.place(id, g.info.spec);
+    if (out.placed) {
+      placed(g, out.nodes);
+    } else {
+      g.info.reason = out.reason;
+      still.push_back(id);
+    }
+  }
+  pending_ = std::move(still);
+}
+
+void HeadActor::placed(Group& g, const std::vector<NodeIndex>& nodes) {
+  g.info.state = "created";
+  g.info.reason.clear();
+  for (size_t b = 0; b < nodes.size() && b < g.info.bundle_nodes.size(); ++b) {
+    g.info.bundle_nodes[b] = ledger_.node(nodes[b]).id;
+  }
+  if (Status s = persist_group(g); !s.ok()) {
+    TROUPE_LOG(err, "event=store_write_failed kind=pg id={} reason=\"{}\"", g.info.id, s.message());
+  }
+  TROUPE_LOG(debug, "event=placement_group_created id={}", g.info.id);
+  for (auto& w : g.waiters) w.reply.complete(g.info);
+  g.waiters.clear();
+}
+
+}  // namespace troupe::cluster

@@ -1,0 +1,341 @@
+// The cluster with real processes: a head and node agents started with the
+// `troupe` command line (in the foreground, as children of the test), a
+// driver that reserves placement groups, and the failures: an agent killed
+// or hung, the head killed and started again on its data directory, a node
+// whose CPUs are saturated.
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <memory>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <catch2/catch.hpp>
+
+#include "troupe/cluster.h"
+
+using namespace std::chrono_literals;
+using troupe::ErrorCode;
+namespace fs = std::filesystem;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr const char* kToken = "cluster-test-token";
+
+/// `troupe start ... --block` as a child process; the address comes back on
+/// the readiness pipe the command line writes to (TROUPE_READY_FD).
+class Daemon {
+ public:
+  Daemon(const fs::path& home, std::vector<std::string> args) {
+    int ready[2];
+    REQUIRE(pipe(ready) == 0);
+    pid_ = fork();
+    REQUIRE(pid_ >= 0);
+    if (pid_ == 0) {
+      close(ready[0]);
+      prctl(PR_SET_PDEATHSIG, SIGKILL);  // never outlive a test that crashed
+      setenv("TROUPE_HOME", home.c_str(), 1);
+      setenv("TROUPE_CLUSTER_TOKEN", kToken, 1);
+      setenv("TROUPE_READY_FD", std::to_string(ready[1]).c_str(), 1);
+      setenv("TROUPE_LOG_LEVEL", "warn", 1);
+      args.insert(args.begin(), TROUPE_CLI);
+      args.push_back("--block");
+      std::vector<char*> argv;
+      for (auto& a : args) argv.push_back(a.data());
+      argv.push_back(nullptr);
+      execv(TROUPE_CLI, argv.data());
+      _exit(127);
+    }
+    close(ready[1]);
+    std::string line;
+    pollfd p{ready[0], POLLIN, 0};
+    auto deadline = Clock::now() + 20s;
+    while (Clock::now() < deadline) {
+      if (poll(&p, 1, 100) <= 0) continue;
+      char c;
+      if (read(ready[0], &c, 1) != 1 || c == '\n') break;
+      line += c;
+    }
+    close(ready[0]);
+    INFO("daemon said: " << line);
+    REQUIRE(line.rfind("ok ", 0) == 0);
+    address_ = line.substr(3);
+  }
+  ~Daemon() { stop(); }
+  const std::string& address() const { return address_; }
+  pid_t pid() const { return pid_; }
+  void signal(int sig) { ::kill(pid_, sig); }
+  void kill9() {
+    ::kill(pid_, SIGKILL);
+    reap();
+  }
+  void stop() {
+    if (pid_ <= 0) return;
+    ::kill(pid_, SIGCONT);
+    ::kill(pid_, SIGTERM);
+    reap();
+  }
+
+ private:
+  void reap() {
+    int status = 0;
+    if (pid_ > 0) waitpid(pid_, &status, 0);
+    pid_ = -1;
+  }
+  pid_t pid_ = -1;
+  std::string address_;
+};
+
+struct TempHome {
+  fs::path path = fs::temp_directory_path() /
+                  ("troupe-cluster-" + std::to_string(getpid()) + "-" +
+                   std::to_string(Clock::now().time_since_epoch().count()));
+  ~TempHome() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+};
+
+std::unique_ptr<Daemon> head(const TempHome& home, const std::string& port = "0") {
+  return std::make_unique<Daemon>(home.path, std::vector<std::string>{"start", "--head", "--port", port, "--data-dir",
+                                                                      (home.path / "head").string()});
+}
+std::unique_ptr<Daemon> agent(const TempHome& home, const std::string& head_address, const std::string& id,
+                              const std::string& cpus = "2", const std::string& labels = "") {
+  std::vector<std::string> args{"start", "--address", head_address, "--node-id", id, "--cpus", cpus};
+  if (!labels.empty()) {
+    args.push_back("--labels");
+    args.push_back(labels);
+  }
+  return std::make_unique<Daemon>(home.path, args);
+}
+
+troupe::PlacementGroupSpec spread(int bundles, double cpus = 1) {
+  troupe::PlacementGroupSpec spec;
+  spec.strategy = troupe::PlacementStrategy::strict_spread;
+  spec.bundles.assign(bundles, troupe::Bundle{{{"CPU", cpus}}});
+  return spec;
+}
+
+/// Polls the head's status until `pred` holds or `timeout` passes.
+template <class Pred>
+bool status_until(const troupe::ClusterClient& c, std::chrono::milliseconds timeout, Pred pred) {
+  auto deadline = Clock::now() + timeout;
+  while (Clock::now() < deadline) {
+    if (auto st = c.status(); st && pred(*st)) return true;
+    std::this_thread::sleep_for(20ms);  // polling another process's view, not synchronising threads
+  }
+  return false;
+}
+
+const troupe::NodeInfo* find_node(const troupe::ClusterStatus& st, const std::string& id) {
+  for (auto& n : st.nodes) {
+    if (n.id == id) return &n;
+  }
+  return nullptr;
+}
+
+troupe::RuntimeConfig driver() {
+  troupe::RuntimeConfig cfg;
+  cfg.log_level = "error";
+  cfg.cluster_token = kToken;
+  return cfg;
+}
+
+}  // namespace
+
+TEST_CASE("cluster: STRICT_SPREAD over three agents puts one bundle on each", "[cluster]") {
+  TempHome home;
+  auto h = head(home);
+  auto a1 = agent(home, h->address(), "a1");
+  auto a2 = agent(home, h->address(), "a2");
+  auto a3 = agent(home, h->address(), "a3");
+  troupe::Runtime rt(driver());
+  auto cluster = troupe::ClusterClient::connect(rt, h->address()).value();
+  auto id = cluster.create_placement_group(spread(3)).value();
+  auto pg = cluster.wait_placement_group(id, 10s);
+  REQUIRE(pg.has_value());
+  CHECK(pg->state == "created");
+  CHECK(std::set<std::string>(pg->bundle_nodes.begin(), pg->bundle_nodes.end()) ==
+        std::set<std::string>{"a1", "a2", "a3"});
+  auto st = cluster.status().value();
+  for (auto& n : st.nodes) CHECK(n.free.at("CPU") == 1);
+  REQUIRE(cluster.remove_placement_group(id).ok());
+  st = cluster.status().value();
+  for (auto& n : st.nodes) CHECK(n.free.at("CPU") == 2);
+  CHECK(cluster.remove_placement_group(id).code() == ErrorCode::not_found);
+}
+
+TEST_CASE("cluster: an infeasible group waits with its reason, and is placed when a node joins", "[cluster]") {
+  TempHome home;
+  auto h = head(home);
+  auto a1 = agent(home, h->address(), "a1");
+  troupe::Runtime rt(driver());
+  auto cluster = troupe::ClusterClient::connect(rt, h->address()).value();
+  auto id = cluster.create_placement_group(spread(2)).value();
+  auto waited = cluster.wait_placement_group(id, 300ms);
+  REQUIRE_FALSE(waited.has_value());
+  CHECK(waited.error().code() == ErrorCode::timeout);
+  CHECK_THAT(waited.error().message(), Catch::Contains("STRICT_SPREAD needs 2 distinct nodes"));
+  auto st = cluster.status().value();
+  REQUIRE(st.placement_groups.size() == 1);
+  CHECK(st.placement_groups[0].state == "pending");
+  CHECK_FALSE(st.placement_groups[0].reason.empty());
+
+  auto a2 = agent(home, h->address(), "a2");
+  auto pg = cluster.wait_placement_group(id, 10s);
+  REQUIRE(pg.has_value());
+  CHECK(pg->state == "created");
+}
+
+TEST_CASE("cluster: kill -9 of an agent marks its node dead at once and moves its bundles", "[cluster]") {
+  TempHome home;
+  auto h = head(home);
+  auto a1 = agent(home, h->address(), "a1");
+  auto a2 = agent(home, h->address(), "a2");
+  troupe::Runtime rt(driver());
+  auto cluster = troupe::ClusterClient::connect(rt, h->address()).value();
+  auto id = cluster.create_placement_group(spread(2)).value();
+  REQUIRE(cluster.wait_placement_group(id, 10s).has_value());
+  auto a3 = agent(home, h->address(), "a3");  // room for the bundle that will move
+  REQUIRE(status_until(cluster, 5s, [](auto& st) { return st.nodes.size() == 3; }));
+
+  auto killed = Clock::now();
+  a1->kill9();
+  REQUIRE(status_until(cluster, 2s, [](auto& st) { return find_node(st, "a1")->state == "dead"; }));
+  auto detected_ms = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - killed).count();
+  CHECK(detected_ms < 2000);
+  auto pg = cluster.wait_placement_group(id, 10s);
+  REQUIRE(pg.has_value());
+  CHECK(std::set<std::string>(pg->bundle_nodes.begin(), pg->bundle_nodes.end()) ==
+        std::set<std::string>{"a2", "a3"});
+}
+
+TEST_CASE("cluster: a hung agent is declared dead by the heartbeat bound, and rejoins when it wakes", "[cluster]") {
+  TempHome home;
+  auto h = head(home);
+  auto a1 = agent(home, h->address(), "a1");
+  troupe::Runtime rt(driver());
+  auto cluster = troupe::ClusterClient::connect(rt, h->address()).value();
+  REQUIRE(status_until(cluster, 5s, [](auto& st) { return st.nodes.size() == 1; }));
+  auto stopped = Clock::now();
+  a1->signal(SIGSTOP);  // its connection stays open: only the heartbeats stop
+  REQUIRE(status_until(cluster, 4s, [](auto& st) { return find_node(st, "a1")->state == "dead"; }));
+  auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - stopped).count();
+  CHECK(ms >= 1900);  // not before the bound (2 s)
+  CHECK(ms < 3000);   // and soon after it
+  a1->signal(SIGCONT);
+  CHECK(status_until(cluster, 5s, [](auto& st) { return find_node(st, "a1")->state == "alive"; }));
+}
+
+TEST_CASE("cluster: kill -9 of the head; started again on its data directory it has lost nothing", "[cluster]") {
+  TempHome home;
+  auto h = head(home);
+  std::string address = h->address();
+  std::string port = address.substr(address.rfind(':') + 1);
+  auto a1 = agent(home, address, "a1");
+  auto a2 = agent(home, address, "a2");
+  std::string id;
+  std::vector<std::string> where;
+  {
+    troupe::Runtime rt(driver());
+    auto cluster = troupe::ClusterClient::connect(rt, address).value();
+    id = cluster.create_placement_group(spread(2)).value();
+    where = cluster.wait_placement_group(id, 10s).value().bundle_nodes;
+    auto pending = spread(3);
+    pending.name = "waits";
+    REQUIRE(cluster.create_placement_group(pending).has_value());  // stays pending: two nodes only
+  }
+  h->kill9();
+  h = head(home, port);
+  troupe::Runtime rt(driver());
+  auto cluster = troupe::ClusterClient::connect(rt, address).value();
+  auto pg = cluster.wait_placement_group(id, 10s);
+  REQUIRE(pg.has_value());
+  CHECK(pg->bundle_nodes == where);
+  // The agents found the new head by themselves.
+  REQUIRE(status_until(cluster, 5s, [](auto& st) {
+    return st.nodes.size() == 2 && find_node(st, "a1")->silent_ms < 1000 && find_node(st, "a2")->silent_ms < 1000;
+  }));
+  auto st = cluster.status().value();
+  REQUIRE(st.placement_groups.size() == 2);
+  for (auto& g : st.placement_groups) {
+    if (g.spec.name == "waits") CHECK(g.state == "pending");
+  }
+  // Its resources are still accounted for: each node keeps 1 of 2 CPUs.
+  for (auto& n : st.nodes) CHECK(n.free.at("CPU") == 1);
+  auto again = spread(3);
+  again.name = "waits";
+  CHECK(cluster.create_placement_group(again).error().code() == ErrorCode::already_exists);
+}
+
+TEST_CASE("cluster: a node whose CPUs are saturated is not declared dead", "[cluster]") {
+  TempHome home;
+  auto h = head(home);
+  auto a1 = agent(home, h->address(), "a1");
+  troupe::Runtime rt(driver());
+  auto cluster = troupe::ClusterClient::connect(rt, h->address()).value();
+  REQUIRE(status_until(cluster, 5s, [](auto& st) { return st.nodes.size() == 1; }));
+  unsigned cores = std::max(2u, std::thread::hardware_concurrency());
+  std::vector<pid_t> burners;
+  for (unsigned i = 0; i < 2 * cores; ++i) {
+    pid_t p = fork();
+    if (p == 0) {
+      volatile uint64_t x = 0;
+      for (;;) x = x + 1;
+    }
+    burners.push_back(p);
+  }
+  auto until = Clock::now() + 5s;
+  bool ever_dead = false;
+  while (Clock::now() < until) {
+    if (auto st = cluster.status(); st && find_node(*st, "a1")->state != "alive") ever_dead = true;
+    std::this_thread::sleep_for(100ms);
+  }
+  for (pid_t p : burners) {
+    kill(p, SIGKILL);
+    waitpid(p, nullptr, 0);
+  }
+  CHECK_FALSE(ever_dead);
+}
+
+TEST_CASE("troupe command line: bad usage and a missing head get one clear line and exit codes", "[cluster]") {
+  TempHome home;
+  auto run = [&](const std::string& args) {
+    std::string cmd = "TROUPE_HOME=" + home.path.string() + " TROUPE_CLUSTER_TOKEN=" + kToken + " " + TROUPE_CLI +
+                      " " + args + " 2>&1";
+    FILE* p = popen(cmd.c_str(), "r");
+    std::string out;
+    char buf[512];
+    while (std::fgets(buf, sizeof(buf), p)) out += buf;
+    int status = pclose(p);
+    return std::make_pair(WEXITSTATUS(status), out);
+  };
+  auto [code, out] = run("start --head --address 1.2.3.4:5");
+  CHECK(code == 2);
+  CHECK_THAT(out, Catch::Contains("give --head to start a head, or --address HOST:PORT"));
+  std::tie(code, out) = run("start --address 127.0.0.1:1 --labels rack");
+  CHECK(code == 2);
+  CHECK_THAT(out, Catch::Contains("is not key=value"));
+  std::tie(code, out) = run("status --address 127.0.0.1:1");
+  CHECK(code == 1);
+  CHECK_THAT(out, Catch::Contains("no head answers at tcp://127.0.0.1:1"));
+  std::tie(code, out) = run("status");
+  CHECK(code == 1);
+  CHECK_THAT(out, Catch::Contains("start one with `troupe start --head`"));
+  std::tie(code, out) = run("frobnicate");
+  CHECK(code == 2);
+  std::tie(code, out) = run("--help");
+  CHECK(code == 0);
+  CHECK_THAT(out, Catch::Contains("start"));
+}

@@ -1,0 +1,407 @@
+// The `troupe` command line: start a head or a node agent (in the background,
+// or in the foreground with --block), look at a cluster, stop what was
+// started on this machine. Exit codes: 0 ok, 1 the operation failed (a head
+// that does not answer, a port in use), 2 bad usage (a flag, a value).
+#include <fcntl.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cluster/daemons.h"
+#include "troupe/cluster.h"
+#include "troupe/runtime.h"
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace {
+
+constexpr int kFailed = 1;
+constexpr int kUsage = 2;
+
+fs::path troupe_home() {
+  if (const char* h = std::getenv("TROUPE_HOME"); h && *h) return h;
+  const char* home = std::getenv("HOME");
+  return fs::path(home && *home ? home : "/tmp") / ".troupe";
+}
+fs::path run_dir() { return troupe_home() / "run"; }
+
+int fail(const std::string& message, int code = kFailed) {
+  std::fprintf(stderr, "troupe: %s\n", message.c_str());
+  return code;
+}
+
+/// The pid files of processes `troupe start` launched on this machine.
+struct Started {
+  pid_t pid;
+  std::string role;
+  std::string address;
+  fs::path file;
+};
+std::vector<Started> started() {
+  std::vector<Started> out;
+  std::error_code ec;
+  for (auto& e : fs::directory_iterator(run_dir(), ec)) {
+    std::ifstream f(e.path());
+    json j = json::parse(f, nullptr, false);
+    if (j.is_discarded() || !j.contains("pid")) continue;
+    out.push_back({j["pid"].get<pid_t>(), j.value("role", "?"), j.value("address", ""), e.path()});
+  }
+  return out;
+}
+
+/// The head to talk to: --address, else $TROUPE_ADDRESS, else the head
+/// started on this machine.
+std::string head_address(const std::string& flag) {
+  if (!flag.empty()) return flag;
+  if (const char* a = std::getenv("TROUPE_ADDRESS"); a && *a) return a;
+  for (auto& s : started()) {
+    if (s.role == "head" && kill(s.pid, 0) == 0) return s.address;
+  }
+  return {};
+}
+
+/// Blocks SIGINT/SIGTERM in every thread (call before any thread starts),
+/// so that wait_for_signal() can take them.
+void block_signals() {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+}
+void wait_for_signal() {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  int sig = 0;
+  sigwait(&set, &sig);
+}
+
+/// Foreground part of `troupe start`: tells the parent (TROUPE_READY_FD)
+/// when it answers, keeps a pid file while it runs.
+struct Foreground {
+  std::string role;
+  fs::path pid_file;
+  int ready_fd = -1;
+
+  explicit Foreground(std::string r) : role(std::move(r)) {
+    if (const char* fd = std::getenv("TROUPE_READY_FD")) ready_fd = std::atoi(fd);
+    unsetenv("TROUPE_READY_FD");
+  }
+  void ready(const std::string& address) {
+    std::error_code ec;
+    fs::create_directories(run_dir(), ec);
+    pid_file = run_dir() / (role + "-" + std::to_string(getpid()) + ".json");
+    std::ofstream(pid_file) << json{{"pid", getpid()}, {"role", role}, {"address", address}}.dump() << "\n";
+    say("ok " + address);
+    std::fprintf(stderr, "troupe: %s running at %s (pid %d)\n", role.c_str(), address.c_str(), getpid());
+  }
+  void say(const std::string& line) {
+    if (ready_fd < 0) return;
+    std::string l = line + "\n";
+    (void)!write(ready_fd, l.data(), l.size());
+    close(ready_fd);
+    ready_fd = -1;
+  }
+  ~Foreground() {
+    std::error_code ec;
+    if (!pid_file.empty()) fs::remove(pid_file, ec);
+  }
+};
+
+/// Background part of `troupe start`: re-runs this command with --block in a
+/// new session, logs to ~/.troupe/logs, and waits for its first line.
+int daemonize(const std::string& role, std::vector<std::string> args) {
+  std::error_code ec;
+  fs::create_directories(troupe_home() / "logs", ec);
+  int fds[2];
+  if (pipe(fds) != 0) return fail("start: pipe: " + std::string(std::strerror(errno)));
+  auto log_of = [&](pid_t p) { return troupe_home() / "logs" / (role + "-" + std::to_string(p) + ".log"); };
+  pid_t pid = fork();
+  if (pid < 0) return fail("start: fork: " + std::string(std::strerror(errno)));
+  if (pid == 0) {
+    close(fds[0]);
+    setsid();
+    fs::path log = log_of(getpid());
+    int out = open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+    int in = open("/dev/null", O_RDONLY);
+    if (out >= 0) {
+      dup2(out, 1);
+      dup2(out, 2);
+    }
+    if (in >= 0) dup2(in, 0);
+    setenv("TROUPE_READY_FD", std::to_string(fds[1]).c_str(), 1);
+    args.push_back("--block");
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    execv("/proc/self/exe", argv.data());
+    _exit(127);
+  }
+  close(fds[1]);
+  fs::path log = log_of(pid);
+  std::string line;
+  pollfd p{fds[0], POLLIN, 0};
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (poll(&p, 1, 200) <= 0) continue;
+    char c;
+    if (read(fds[0], &c, 1) != 1 || c == '\n') break;
+    line += c;
+  }
+  close(fds[0]);
+  if (line.rfind("ok ", 0) == 0) {
+    std::string address = line.substr(3);
+    std::printf("troupe: %s started at %s (pid %d, log %s)\n", role.c_str(), address.c_str(), pid, log.c_str());
+    if (role == "head") std::printf("troupe: add nodes with: troupe start --address %s\n", address.c_str());
+    return 0;
+  }
+  std::string why = line.rfind("error ", 0) == 0 ? line.substr(6) : "it exited or did not answer within 30 s";
+  return fail("start: the " + role + " did not start: " + why + " (log: " + log.string() + ")");
+}
+
+std::string fmt_resources(const troupe::ResourceMap& r) {
+  std::string s;
+  for (auto& [k, v] : r) {
+    if (!s.empty()) s += " ";
+    char buf[64];
+    if (k == "memory") {
+      std::snprintf(buf, sizeof(buf), "%s=%.1fGiB", k.c_str(), v / (1 << 30));
+    } else {
+      std::snprintf(buf, sizeof(buf), "%s=%g", k.c_str(), v);
+    }
+    s += buf;
+  }
+  return s;
+}
+
+json to_json(const troupe::ClusterStatus& st) {
+  json nodes = json::array(), pgs = json::array();
+  for (auto& n : st.nodes) {
+    nodes.push_back({{"id", n.id}, {"address", n.address}, {"state", n.state}, {"total", n.total},
+                     {"free", n.free}, {"labels", n.labels}, {"silent_ms", n.silent_ms}});
+  }
+  for (auto& g : st.placement_groups) {
+    json bundles = json::array();
+    for (auto& b : g.spec.bundles) bundles.push_back(b.resources);
+    pgs.push_back({{"id", g.id},
+                   {"name", g.spec.name},
+                   {"strategy", std::string(troupe::to_string(g.spec.strategy))},
+                   {"state", g.state},
+                   {"reason", g.reason},
+                   {"bundles", bundles},
+                   {"bundle_nodes", g.bundle_nodes}});
+  }
+  return {{"head", st.head_address}, {"nodes", nodes}, {"placement_groups", pgs}};
+}
+
+troupe::Result<troupe::ClusterStatus> fetch_status(const std::string& flag) {
+  std::string address = head_address(flag);
+  if (address.empty()) {
+    return troupe::error(troupe::ErrorCode::not_found,
+                         "no head address: pass --address HOST:PORT, set TROUPE_ADDRESS, or start one with "
+                         "`troupe start --head`");
+  }
+  troupe::RuntimeConfig cfg;
+  cfg.transport = address.rfind("ucx://", 0) == 0 ? "ucx" : "tcp";
+  cfg.log_level = "error";
+  troupe::Runtime rt(cfg);
+  auto cluster = troupe::ClusterClient::connect(rt, address, std::chrono::seconds(5));
+  if (!cluster) return troupe::error(cluster.error());
+  return cluster->status(std::chrono::seconds(5));
+}
+
+void print_status(const troupe::ClusterStatus& st) {
+  size_t alive = 0;
+  for (auto& n : st.nodes) alive += n.state == "alive";
+  std::printf("head %s\nnodes: %zu alive, %zu dead\n", st.head_address.c_str(), alive, st.nodes.size() - alive);
+  for (auto& n : st.nodes) {
+    std::printf("  %-24s %-6s %s\n      free:  %s\n      total: %s\n", n.id.c_str(), n.state.c_str(),
+                n.address.c_str(), fmt_resources(n.free).c_str(), fmt_resources(n.total).c_str());
+  }
+  std::printf("placement groups: %zu\n", st.placement_groups.size());
+  for (auto& g : st.placement_groups) {
+    std::printf("  %-20s %-13s %-12s %zu bundles%s%s\n", g.id.c_str(), std::string(to_string(g.spec.strategy)).c_str(),
+                g.state.c_str(), g.spec.bundles.size(), g.reason.empty() ? "" : "  reason: ", g.reason.c_str());
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"troupe: a distributed actor runtime. Start a cluster, look at it, stop it.", "troupe"};
+  app.require_subcommand(1);
+  std::vector<std::string> args(argv, argv + argc);
+
+  // troupe start
+  auto* start = app.add_subcommand("start", "Start a head (--head) or a node agent (--address) on this machine");
+  bool is_head = false, block = false;
+  std::string address, host = "127.0.0.1", data_dir, transport = "tcp", resources_text, labels_text, node_id;
+  int port = 6380;
+  double cpus = -1, gpus = -1, memory = -1;
+  int64_t heartbeat_ms = 250, dead_after_ms = 2000;
+  start->add_flag("--head", is_head, "Start the head (control plane)");
+  start->add_option("--address", address, "The head to join (HOST:PORT), for a node agent");
+  start->add_option("--port", port, "Head: the port to listen on")->check(CLI::Range(0, 65535));
+  start->add_option("--host", host, "The IP address to listen on and advertise");
+  start->add_option("--data-dir", data_dir, "Head: where its state lives (default ~/.troupe/head)");
+  start->add_option("--transport", transport, "tcp or ucx")->check(CLI::IsMember({"tcp", "ucx"}));
+  start->add_option("--cpus", cpus, "Agent: CPUs to offer (default: all cores)");
+  start->add_option("--gpus", gpus, "Agent: GPUs to offer (default: what the CUDA driver reports)");
+  start->add_option("--memory", memory, "Agent: memory to offer, bytes (default: all)");
+  start->add_option("--resources", resources_text, "Agent: custom resources, k=v,... (e.g. TPU=4)");
+  start->add_option("--labels", labels_text, "Agent: node labels, k=v,... (e.g. rack=r1,zone=z2)");
+  start->add_option("--node-id", node_id, "Agent: this node's id (default: hostname-pid)");
+  start->add_option("--heartbeat-ms", heartbeat_ms, "Head: heartbeat period")->check(CLI::Range(10, 60000));
+  start->add_option("--dead-after-ms", dead_after_ms, "Head: a node silent this long is dead")
+      ->check(CLI::Range(50, 600000));
+  start->add_flag("--block", block, "Run in the foreground until SIGINT/SIGTERM");
+
+  // troupe status / list
+  std::string status_address;
+  bool as_json = false;
+  auto* status = app.add_subcommand("status", "Nodes, their resources, placement groups and their state");
+  status->add_option("--address", status_address, "The head (default: $TROUPE_ADDRESS or the local head)");
+  status->add_flag("--json", as_json, "Print JSON");
+  auto* list = app.add_subcommand("list", "List nodes or placement groups");
+  std::string what;
+  list->add_option("what", what, "nodes or pgs")->required()->check(CLI::IsMember({"nodes", "pgs"}));
+  list->add_option("--address", status_address, "The head (default: $TROUPE_ADDRESS or the local head)");
+  list->add_flag("--json", as_json, "Print JSON");
+
+  // troupe stop
+  auto* stop = app.add_subcommand("stop", "Stop the heads and agents `troupe start` launched on this machine");
+  int grace_s = 10;
+  stop->add_option("--grace", grace_s, "Seconds to wait before SIGKILL")->check(CLI::Range(0, 3600));
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::fprintf(stderr, "troupe: %s (see troupe %s--help)\n", e.what(),
+                 app.get_subcommands().empty() ? "" : (app.get_subcommands()[0]->get_name() + " ").c_str());
+    return kUsage;
+  }
+
+  if (*start) {
+    if (is_head == !address.empty()) {
+      return fail("start: give --head to start a head, or --address HOST:PORT to join one", kUsage);
+    }
+    troupe::ResourceMap overrides;
+    if (!resources_text.empty()) {
+      auto r = troupe::parse_resources(resources_text);
+      if (!r) return fail("start: " + r.error().message(), kUsage);
+      overrides = *r;
+    }
+    if (cpus >= 0) overrides["CPU"] = cpus;
+    if (gpus >= 0) overrides["GPU"] = gpus;
+    if (memory >= 0) overrides["memory"] = memory;
+    troupe::Labels labels;
+    if (!labels_text.empty()) {
+      auto l = troupe::parse_labels(labels_text);
+      if (!l) return fail("start: " + l.error().message(), kUsage);
+      labels = *l;
+    }
+    std::string role = is_head ? "head" : "agent";
+    if (!block) return daemonize(role, args);
+
+    block_signals();
+    Foreground fg(role);
+    troupe::Status s;
+    if (is_head) {
+      troupe::cluster::HeadOptions o;
+      o.listen = transport + "://" + host + ":" + std::to_string(port);
+      o.data_dir = data_dir.empty() ? troupe_home() / "head" : fs::path(data_dir);
+      o.config.heartbeat = std::chrono::milliseconds(heartbeat_ms);
+      o.config.dead_after = std::chrono::milliseconds(dead_after_ms);
+      s = troupe::cluster::run_head(o, [&](const std::string& a) { fg.ready(a); }, wait_for_signal);
+    } else {
+      troupe::cluster::AgentOptions o;
+      o.head = address;
+      o.node_id = node_id;
+      o.resources = troupe::cluster::detect_resources(overrides);
+      o.labels = labels;
+      std::string scheme = address.rfind("ucx://", 0) == 0 ? "ucx" : transport;
+      o.listen = scheme + "://" + host + ":0";
+      s = troupe::cluster::run_agent(o, [&](const std::string& a) { fg.ready(a); }, wait_for_signal);
+    }
+    if (!s.ok()) {
+      fg.say("error " + s.message());
+      return fail(role + ": " + s.message());
+    }
+    return 0;
+  }
+
+  if (*status || *list) {
+    auto st = fetch_status(status_address);
+    if (!st) return fail(std::string(*status ? "status" : "list") + ": " + st.error().message());
+    json j = to_json(*st);
+    if (*list) {
+      json items = what == "nodes" ? j["nodes"] : j["placement_groups"];
+      if (as_json) {
+        std::printf("%s\n", items.dump(2).c_str());
+      } else {
+        for (auto& item : items) {
+          std::printf("%-24s %s\n", item["id"].get<std::string>().c_str(), item["state"].get<std::string>().c_str());
+        }
+      }
+      return 0;
+    }
+    if (as_json) {
+      std::printf("%s\n", j.dump(2).c_str());
+    } else {
+      print_status(*st);
+    }
+    return 0;
+  }
+
+  if (*stop) {
+    auto procs = started();
+    if (procs.empty()) {
+      std::printf("troupe: nothing started on this machine\n");
+      return 0;
+    }
+    for (auto& p : procs) {
+      if (kill(p.pid, SIGTERM) != 0) {
+        std::error_code ec;
+        fs::remove(p.file, ec);  // already gone
+      }
+    }
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(grace_s);
+    for (auto& p : procs) {
+      while (kill(p.pid, 0) == 0 && std::chrono::steady_clock::now() < deadline) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));  // polling another process's exit
+      }
+      if (kill(p.pid, 0) == 0) {
+        kill(p.pid, SIGKILL);
+        std::printf("troupe: %s (pid %d) did not stop in %d s: killed\n", p.role.c_str(), p.pid, grace_s);
+      } else {
+        std::printf("troupe: stopped %s (pid %d)\n", p.role.c_str(), p.pid);
+      }
+      std::error_code ec;
+      fs::remove(p.file, ec);
+    }
+    return 0;
+  }
+  return kUsage;
+}
