@@ -3,10 +3,7 @@
 // driver that reserves placement groups, and the failures: an agent killed
 // or hung, the head killed and started again on its data directory, a node
 // whose CPUs are saturated.
-#include <fcntl.h>
-#include <poll.h>
 #include <signal.h>
-#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -20,10 +17,12 @@
 
 #include <catch2/catch.hpp>
 
+#include "support/daemon.h"
 #include "troupe/cluster.h"
 
 using namespace std::chrono_literals;
 using troupe::ErrorCode;
+using troupe::test::Daemon;
 namespace fs = std::filesystem;
 
 namespace {
@@ -31,70 +30,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 constexpr const char* kToken = "cluster-test-token";
-
-/// `troupe start ... --block` as a child process; the address comes back on
-/// the readiness pipe the command line writes to (TROUPE_READY_FD).
-class Daemon {
- public:
-  Daemon(const fs::path& home, std::vector<std::string> args) {
-    int ready[2];
-    REQUIRE(pipe(ready) == 0);
-    pid_ = fork();
-    REQUIRE(pid_ >= 0);
-    if (pid_ == 0) {
-      close(ready[0]);
-      prctl(PR_SET_PDEATHSIG, SIGKILL);  // never outlive a test that crashed
-      setenv("TROUPE_HOME", home.c_str(), 1);
-      setenv("TROUPE_CLUSTER_TOKEN", kToken, 1);
-      setenv("TROUPE_READY_FD", std::to_string(ready[1]).c_str(), 1);
-      setenv("TROUPE_LOG_LEVEL", "warn", 1);
-      args.insert(args.begin(), TROUPE_CLI);
-      args.push_back("--block");
-      std::vector<char*> argv;
-      for (auto& a : args) argv.push_back(a.data());
-      argv.push_back(nullptr);
-      execv(TROUPE_CLI, argv.data());
-      _exit(127);
-    }
-    close(ready[1]);
-    std::string line;
-    pollfd p{ready[0], POLLIN, 0};
-    auto deadline = Clock::now() + 20s;
-    while (Clock::now() < deadline) {
-      if (poll(&p, 1, 100) <= 0) continue;
-      char c;
-      if (read(ready[0], &c, 1) != 1 || c == '\n') break;
-      line += c;
-    }
-    close(ready[0]);
-    INFO("daemon said: " << line);
-    REQUIRE(line.rfind("ok ", 0) == 0);
-    address_ = line.substr(3);
-  }
-  ~Daemon() { stop(); }
-  const std::string& address() const { return address_; }
-  pid_t pid() const { return pid_; }
-  void signal(int sig) { ::kill(pid_, sig); }
-  void kill9() {
-    ::kill(pid_, SIGKILL);
-    reap();
-  }
-  void stop() {
-    if (pid_ <= 0) return;
-    ::kill(pid_, SIGCONT);
-    ::kill(pid_, SIGTERM);
-    reap();
-  }
-
- private:
-  void reap() {
-    int status = 0;
-    if (pid_ > 0) waitpid(pid_, &status, 0);
-    pid_ = -1;
-  }
-  pid_t pid_ = -1;
-  std::string address_;
-};
 
 struct TempHome {
   fs::path path = fs::temp_directory_path() /
@@ -106,9 +41,15 @@ struct TempHome {
   }
 };
 
+std::unique_ptr<Daemon> launch(const TempHome& home, std::vector<std::string> args) {
+  auto d = std::make_unique<Daemon>(TROUPE_CLI, home.path, kToken, std::move(args));
+  INFO("the daemon said: " << d->said());
+  REQUIRE(d->ok());
+  return d;
+}
+
 std::unique_ptr<Daemon> head(const TempHome& home, const std::string& port = "0") {
-  return std::make_unique<Daemon>(home.path, std::vector<std::string>{"start", "--head", "--port", port, "--data-dir",
-                                                                      (home.path / "head").string()});
+  return launch(home, {"start", "--head", "--port", port, "--data-dir", (home.path / "head").string()});
 }
 std::unique_ptr<Daemon> agent(const TempHome& home, const std::string& head_address, const std::string& id,
                               const std::string& cpus = "2", const std::string& labels = "") {
@@ -117,7 +58,7 @@ std::unique_ptr<Daemon> agent(const TempHome& home, const std::string& head_addr
     args.push_back("--labels");
     args.push_back(labels);
   }
-  return std::make_unique<Daemon>(home.path, args);
+  return launch(home, args);
 }
 
 troupe::PlacementGroupSpec spread(int bundles, double cpus = 1) {
