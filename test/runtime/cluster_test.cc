@@ -206,7 +206,7 @@ TEST_CASE("cluster: kill -9 of the head; started again on its data directory it 
   CHECK(pg->bundle_nodes == where);
   // The agents found the new head by themselves.
   REQUIRE(status_until(cluster, 5s, [](auto& st) {
-    return st.nodes.size() == 2 && find_node(st, "a1")->silent_ms < 1000 && find_node(st, "a2")->silent_ms < 1000;
+    return st.nodes.size() == 2 && find_node(st, "a1")->connected && find_node(st, "a2")->connected;
   }));
   auto st = cluster.status().value();
   REQUIRE(st.placement_groups.size() == 2);

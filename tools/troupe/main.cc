@@ -196,7 +196,8 @@ json to_json(const troupe::ClusterStatus& st) {
   json nodes = json::array(), pgs = json::array();
   for (auto& n : st.nodes) {
     nodes.push_back({{"id", n.id}, {"address", n.address}, {"state", n.state}, {"total", n.total},
-                     {"free", n.free}, {"labels", n.labels}, {"silent_ms", n.silent_ms}});
+                     {"free", n.free}, {"labels", n.labels}, {"silent_ms", n.silent_ms},
+                     {"connected", n.connected}});
   }
   for (auto& g : st.placement_groups) {
     json bundles = json::array();

@@ -17,6 +17,7 @@
 
 #include "troupe/actor_ref.h"
 #include "troupe/codec.h"
+#include "troupe/future.h"
 #include "troupe/placement.h"
 #include "troupe/runtime.h"
 #include "troupe/status.h"
@@ -35,8 +36,11 @@ struct NodeInfo {
   std::string state;
   /// Milliseconds since the head last heard from it.
   int64_t silent_ms = 0;
+  /// Its agent has registered with this head process (false for a node the
+  /// head restored from its data directory until the agent finds it again).
+  bool connected = false;
 
-  TROUPE_FIELDS(id, address, total, free, labels, state, silent_ms);
+  TROUPE_FIELDS(id, address, total, free, labels, state, silent_ms, connected);
 };
 
 /// A placement group as the head sees it.
@@ -86,6 +90,14 @@ class ClusterClient {
   /// Frees the group's resources (and, with actors, stops its actors).
   Status remove_placement_group(const std::string& id,
                                 std::chrono::milliseconds timeout = std::chrono::seconds(10)) const;
+
+  /// The same three without waiting: many requests in flight at once (as
+  /// Ray's placement_group() returns before the group exists).
+  Future<std::string> create_placement_group_async(const PlacementGroupSpec& spec,
+                                                   std::chrono::milliseconds timeout = std::chrono::seconds(10)) const;
+  Future<PlacementGroupInfo> wait_placement_group_async(const std::string& id, std::chrono::milliseconds timeout) const;
+  Future<void> remove_placement_group_async(const std::string& id,
+                                            std::chrono::milliseconds timeout = std::chrono::seconds(10)) const;
 
   /// Internal.
   explicit ClusterClient(AnyRef head, std::string address) : head_(std::move(head)), address_(std::move(address)) {}

@@ -22,21 +22,35 @@ Result<ClusterStatus> ClusterClient::status(std::chrono::milliseconds timeout) c
   return head_.ask<ClusterStatus>(GetClusterStatus{}, timeout).get();
 }
 
+Future<std::string> ClusterClient::create_placement_group_async(const PlacementGroupSpec& spec,
+                                                                 std::chrono::milliseconds timeout) const {
+  return head_.ask<std::string>(CreatePlacementGroup{spec}, timeout);
+}
+
+Future<PlacementGroupInfo> ClusterClient::wait_placement_group_async(const std::string& id,
+                                                                     std::chrono::milliseconds timeout) const {
+  // The head answers by the deadline; the ask waits a little longer so that
+  // its answer (with the reason) arrives rather than a bare timeout.
+  return head_.ask<PlacementGroupInfo>(WaitPlacementGroup{id, timeout.count()}, timeout + std::chrono::seconds(2));
+}
+
+Future<void> ClusterClient::remove_placement_group_async(const std::string& id,
+                                                         std::chrono::milliseconds timeout) const {
+  return head_.ask<void>(RemovePlacementGroup{id}, timeout);
+}
+
 Result<std::string> ClusterClient::create_placement_group(const PlacementGroupSpec& spec,
                                                           std::chrono::milliseconds timeout) const {
-  return head_.ask<std::string>(CreatePlacementGroup{spec}, timeout).get();
+  return create_placement_group_async(spec, timeout).get();
 }
 
 Result<PlacementGroupInfo> ClusterClient::wait_placement_group(const std::string& id,
                                                                std::chrono::milliseconds timeout) const {
-  // The head answers by the deadline; the ask waits a little longer so that
-  // its answer (with the reason) arrives rather than a bare timeout.
-  return head_.ask<PlacementGroupInfo>(WaitPlacementGroup{id, timeout.count()}, timeout + std::chrono::seconds(2))
-      .get();
+  return wait_placement_group_async(id, timeout).get();
 }
 
 Status ClusterClient::remove_placement_group(const std::string& id, std::chrono::milliseconds timeout) const {
-  auto r = head_.ask<void>(RemovePlacementGroup{id}, timeout).get();
+  auto r = remove_placement_group_async(id, timeout).get();
   return r ? Status() : r.error();
 }
 

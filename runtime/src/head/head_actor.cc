@@ -65,6 +65,7 @@ void HeadActor::load() {
       if (info->state != "alive") continue;  // dead nodes come back by registering
       Node n;
       n.info = std::move(*info);
+      n.info.connected = false;
       // Known alive before the restart: it has dead_after to beat again.
       n.index = ledger_.add_node(n.info.id, n.info.total, n.info.labels);
       n.last_heard = now;
@@ -125,6 +126,7 @@ Result<Registered> HeadActor::handle(const RegisterNode& m) {
   n.info.total = m.resources;
   n.info.labels = m.labels;
   n.info.state = "alive";
+  n.info.connected = true;
   n.last_heard = Clock::now();
   if (n.monitor != 0) demonitor(n.monitor);
   n.agent = m.agent;
