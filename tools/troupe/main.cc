@@ -259,7 +259,8 @@ int main(int argc, char** argv) {
   double cpus = -1, gpus = -1, memory = -1;
   int64_t heartbeat_ms = 250, dead_after_ms = 2000;
   start->add_flag("--head", is_head, "Start the head (control plane)");
-  start->add_option("--address", address, "The head to join (HOST:PORT), for a node agent");
+  start->add_option("--address", address,
+                    "The head to join (HOST:PORT), for a node agent; 'auto': the head started on this machine");
   start->add_option("--port", port, "Head: the port to listen on")->check(CLI::Range(0, 65535));
   start->add_option("--host", host, "The IP address to listen on and advertise");
   start->add_option("--data-dir", data_dir, "Head: where its state lives (default ~/.troupe/head)");
@@ -322,6 +323,13 @@ int main(int argc, char** argv) {
       auto l = troupe::parse_labels(labels_text);
       if (!l) return fail("start: " + l.error().message(), kUsage);
       labels = *l;
+    }
+    if (address == "auto") {
+      address = head_address("");
+      if (address.empty()) return fail("start: --address auto: no head runs on this machine (troupe start --head)");
+      for (size_t i = 0; i + 1 < args.size(); ++i) {
+        if (args[i] == "--address" && args[i + 1] == "auto") args[i + 1] = address;
+      }
     }
     std::string role = is_head ? "head" : "agent";
     if (!block) return daemonize(role, args);
