@@ -93,16 +93,31 @@ troupe::RuntimeConfig driver() {
   return cfg;
 }
 
+/// A head, agents "a1".."a<n>" (2 CPUs each), and a driver connected to the
+/// head once all of them have registered.
+struct LocalCluster {
+  TempHome home;
+  std::unique_ptr<Daemon> head_process = head(home);
+  std::vector<std::unique_ptr<Daemon>> agents;
+  troupe::Runtime rt{driver()};
+  troupe::ClusterClient cluster = troupe::ClusterClient::connect(rt, head_process->address()).value();
+
+  explicit LocalCluster(int n) {
+    for (int i = 1; i <= n; ++i) add_agent("a" + std::to_string(i));
+  }
+  Daemon& add_agent(const std::string& id) {
+    agents.push_back(agent(home, head_process->address(), id));
+    size_t want = agents.size();
+    REQUIRE(status_until(cluster, 5s, [&](auto& st) { return st.nodes.size() == want; }));
+    return *agents.back();
+  }
+};
+
 }  // namespace
 
 TEST_CASE("cluster: STRICT_SPREAD over three agents puts one bundle on each", "[cluster]") {
-  TempHome home;
-  auto h = head(home);
-  auto a1 = agent(home, h->address(), "a1");
-  auto a2 = agent(home, h->address(), "a2");
-  auto a3 = agent(home, h->address(), "a3");
-  troupe::Runtime rt(driver());
-  auto cluster = troupe::ClusterClient::connect(rt, h->address()).value();
+  LocalCluster local(3);
+  auto& cluster = local.cluster;
   auto id = cluster.create_placement_group(spread(3)).value();
   auto pg = cluster.wait_placement_group(id, 10s);
   REQUIRE(pg.has_value());
@@ -118,11 +133,8 @@ TEST_CASE("cluster: STRICT_SPREAD over three agents puts one bundle on each", "[
 }
 
 TEST_CASE("cluster: an infeasible group waits with its reason, and is placed when a node joins", "[cluster]") {
-  TempHome home;
-  auto h = head(home);
-  auto a1 = agent(home, h->address(), "a1");
-  troupe::Runtime rt(driver());
-  auto cluster = troupe::ClusterClient::connect(rt, h->address()).value();
+  LocalCluster local(1);
+  auto& cluster = local.cluster;
   auto id = cluster.create_placement_group(spread(2)).value();
   auto waited = cluster.wait_placement_group(id, 300ms);
   REQUIRE_FALSE(waited.has_value());
@@ -133,26 +145,21 @@ TEST_CASE("cluster: an infeasible group waits with its reason, and is placed whe
   CHECK(st.placement_groups[0].state == "pending");
   CHECK_FALSE(st.placement_groups[0].reason.empty());
 
-  auto a2 = agent(home, h->address(), "a2");
+  local.add_agent("a2");
   auto pg = cluster.wait_placement_group(id, 10s);
   REQUIRE(pg.has_value());
   CHECK(pg->state == "created");
 }
 
 TEST_CASE("cluster: kill -9 of an agent marks its node dead at once and moves its bundles", "[cluster]") {
-  TempHome home;
-  auto h = head(home);
-  auto a1 = agent(home, h->address(), "a1");
-  auto a2 = agent(home, h->address(), "a2");
-  troupe::Runtime rt(driver());
-  auto cluster = troupe::ClusterClient::connect(rt, h->address()).value();
+  LocalCluster local(2);
+  auto& cluster = local.cluster;
   auto id = cluster.create_placement_group(spread(2)).value();
   REQUIRE(cluster.wait_placement_group(id, 10s).has_value());
-  auto a3 = agent(home, h->address(), "a3");  // room for the bundle that will move
-  REQUIRE(status_until(cluster, 5s, [](auto& st) { return st.nodes.size() == 3; }));
+  local.add_agent("a3");  // room for the bundle that will move
 
   auto killed = Clock::now();
-  a1->kill9();
+  local.agents[0]->kill9();
   REQUIRE(status_until(cluster, 2s, [](auto& st) { return find_node(st, "a1")->state == "dead"; }));
   auto detected_ms = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - killed).count();
   CHECK(detected_ms < 2000);
@@ -163,19 +170,15 @@ TEST_CASE("cluster: kill -9 of an agent marks its node dead at once and moves it
 }
 
 TEST_CASE("cluster: a hung agent is declared dead by the heartbeat bound, and rejoins when it wakes", "[cluster]") {
-  TempHome home;
-  auto h = head(home);
-  auto a1 = agent(home, h->address(), "a1");
-  troupe::Runtime rt(driver());
-  auto cluster = troupe::ClusterClient::connect(rt, h->address()).value();
-  REQUIRE(status_until(cluster, 5s, [](auto& st) { return st.nodes.size() == 1; }));
+  LocalCluster local(1);
+  auto& cluster = local.cluster;
   auto stopped = Clock::now();
-  a1->signal(SIGSTOP);  // its connection stays open: only the heartbeats stop
+  local.agents[0]->signal(SIGSTOP);  // its connection stays open: only the heartbeats stop
   REQUIRE(status_until(cluster, 4s, [](auto& st) { return find_node(st, "a1")->state == "dead"; }));
   auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - stopped).count();
   CHECK(ms >= 1900);  // not before the bound (2 s)
   CHECK(ms < 3000);   // and soon after it
-  a1->signal(SIGCONT);
+  local.agents[0]->signal(SIGCONT);
   CHECK(status_until(cluster, 5s, [](auto& st) { return find_node(st, "a1")->state == "alive"; }));
 }
 
@@ -221,12 +224,8 @@ TEST_CASE("cluster: kill -9 of the head; started again on its data directory it 
 }
 
 TEST_CASE("cluster: a node whose CPUs are saturated is not declared dead", "[cluster]") {
-  TempHome home;
-  auto h = head(home);
-  auto a1 = agent(home, h->address(), "a1");
-  troupe::Runtime rt(driver());
-  auto cluster = troupe::ClusterClient::connect(rt, h->address()).value();
-  REQUIRE(status_until(cluster, 5s, [](auto& st) { return st.nodes.size() == 1; }));
+  LocalCluster local(1);
+  auto& cluster = local.cluster;
   unsigned cores = std::max(2u, std::thread::hardware_concurrency());
   std::vector<pid_t> burners;
   for (unsigned i = 0; i < 2 * cores; ++i) {

@@ -353,6 +353,19 @@ bool Ledger::assign_within(Group& g, const std::vector<size_t>& todo, const std:
     for (size_t b : order) g.nodes[b] = node;
     return true;
   };
+  // The first node from the cursor on that takes bundle b (optionally one
+  // this group does not use yet).
+  auto next_fit = [&](size_t b, bool fresh_only) {
+    for (size_t k = 0; k < n; ++k) {
+      auto node = static_cast<NodeIndex>((cursor_ + k) % n);
+      if ((!fresh_only || !is_used(node)) && eligible(node, b) && fits_now(node, b)) return node;
+    }
+    return kNoNode;
+  };
+  auto no_room = [&](size_t b) {
+    return "waiting for resources: bundle " + std::to_string(b) + " " + describe(g.spec.bundles[b].resources) +
+           " fits no node's free resources";
+  };
   NodeIndex last = kNoNode;
   bool ok = true;
   switch (strategy) {
@@ -386,14 +399,10 @@ bool Ledger::assign_within(Group& g, const std::vector<size_t>& todo, const std:
             break;
           }
         }
-        for (size_t k = 0; k < n && pick == kNoNode; ++k) {
-          auto node = static_cast<NodeIndex>((cursor_ + k) % n);
-          if (eligible(node, b) && fits_now(node, b)) pick = node;
-        }
+        if (pick == kNoNode) pick = next_fit(b, false);
         if (pick == kNoNode) {
           ok = false;
-          *reason = "waiting for resources: bundle " + std::to_string(b) + " " +
-                    describe(g.spec.bundles[b].resources) + " fits no node's free resources";
+          *reason = no_room(b);
           break;
         }
         put(b, pick);
@@ -405,11 +414,7 @@ bool Ledger::assign_within(Group& g, const std::vector<size_t>& todo, const std:
     case PlacementStrategy::spread: {
       std::vector<size_t> unplaced;
       for (size_t b : order) {
-        NodeIndex pick = kNoNode;
-        for (size_t k = 0; k < n && pick == kNoNode; ++k) {
-          auto node = static_cast<NodeIndex>((cursor_ + k) % n);
-          if (!is_used(node) && eligible(node, b) && fits_now(node, b)) pick = node;
-        }
+        NodeIndex pick = next_fit(b, true);
         if (pick == kNoNode) {
           unplaced.push_back(b);
           continue;
@@ -421,15 +426,10 @@ bool Ledger::assign_within(Group& g, const std::vector<size_t>& todo, const std:
       if (strategy == PlacementStrategy::spread) {
         // Best effort: share nodes where no fresh one has room.
         for (size_t b : unplaced) {
-          NodeIndex pick = kNoNode;
-          for (size_t k = 0; k < n && pick == kNoNode; ++k) {
-            auto node = static_cast<NodeIndex>((cursor_ + k) % n);
-            if (eligible(node, b) && fits_now(node, b)) pick = node;
-          }
+          NodeIndex pick = next_fit(b, false);
           if (pick == kNoNode) {
             ok = false;
-            *reason = "waiting for resources: bundle " + std::to_string(b) + " " +
-                      describe(g.spec.bundles[b].resources) + " fits no node's free resources";
+            *reason = no_room(b);
             break;
           }
           put(b, pick);
