@@ -279,3 +279,60 @@ TEST_CASE("troupe command line: bad usage and a missing head get one clear line 
   CHECK(code == 0);
   CHECK_THAT(out, Catch::Contains("start"));
 }
+
+TEST_CASE("cluster: a job submitted with the command line runs, its output is readable, and it stops", "[cluster]") {
+  LocalCluster local(2);
+  auto cli = [&](const std::string& args) {
+    std::string cmd = "TROUPE_HOME=" + local.home.path.string() + " TROUPE_CLUSTER_TOKEN=" + kToken +
+                      " TROUPE_ADDRESS=" + local.head_process->address() + " " + TROUPE_CLI + " " + args + " 2>&1";
+    FILE* p = popen(cmd.c_str(), "r");
+    std::string out;
+    char buf[512];
+    while (std::fgets(buf, sizeof(buf), p)) out += buf;
+    int status = pclose(p);
+    return std::make_pair(WEXITSTATUS(status), out);
+  };
+  auto finished = [&](const std::string& id) {
+    auto deadline = Clock::now() + 10s;
+    while (Clock::now() < deadline) {
+      auto j = local.cluster.job(id);
+      if (j && j->state != "running") return *j;
+      std::this_thread::sleep_for(20ms);  // polling another process's state
+    }
+    return troupe::JobInfo{};
+  };
+
+  auto [code, out] = cli("job submit --node a2 --env WHO=troupe -- sh -c 'echo hello $WHO; echo warn >&2; exit 3'");
+  REQUIRE(code == 0);
+  std::string id = out.substr(0, out.find('\n'));
+  REQUIRE(id.rfind("job-", 0) == 0);
+  auto job = finished(id);
+  CHECK(job.state == "failed");
+  CHECK(job.exit_code == 3);
+  CHECK(job.node == "a2");
+  std::tie(code, out) = cli("job logs " + id);
+  CHECK(code == 0);
+  CHECK_THAT(out, Catch::Contains("hello troupe"));
+  CHECK_THAT(out, Catch::Contains("warn"));
+  std::tie(code, out) = cli("job status " + id);
+  CHECK_THAT(out, Catch::Contains("failed on a2 exit_code=3"));
+
+  auto ok = local.cluster.submit_job({"true"});
+  REQUIRE(ok.has_value());
+  CHECK(finished(*ok).state == "succeeded");
+
+  auto sleeper = local.cluster.submit_job({"sleep", "100"});
+  REQUIRE(sleeper.has_value());
+  std::tie(code, out) = cli("job stop " + *sleeper);
+  CHECK(code == 0);
+  auto stopped = finished(*sleeper);
+  CHECK(stopped.state == "stopped");
+  CHECK(stopped.exit_code == -SIGTERM);
+
+  auto missing = local.cluster.submit_job({"/no/such/program"});
+  REQUIRE_FALSE(missing.has_value());
+  CHECK_THAT(missing.error().message(), Catch::Contains("cannot run '/no/such/program'"));
+  std::tie(code, out) = cli("job status job-0000");
+  CHECK(code == 1);
+  CHECK_THAT(out, Catch::Contains("does not exist"));
+}

@@ -18,6 +18,7 @@
 #include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -210,10 +211,21 @@ json to_json(const troupe::ClusterStatus& st) {
                    {"bundles", bundles},
                    {"bundle_nodes", g.bundle_nodes}});
   }
-  return {{"head", st.head_address}, {"nodes", nodes}, {"placement_groups", pgs}};
+  json jobs = json::array();
+  for (auto& j : st.jobs) {
+    jobs.push_back({{"id", j.id}, {"command", j.command}, {"node", j.node}, {"state", j.state},
+                    {"exit_code", j.exit_code}, {"message", j.message}, {"submitted_ms", j.submitted_ms},
+                    {"ended_ms", j.ended_ms}});
+  }
+  return {{"head", st.head_address}, {"nodes", nodes}, {"placement_groups", pgs}, {"jobs", jobs}};
 }
 
-troupe::Result<troupe::ClusterStatus> fetch_status(const std::string& flag) {
+/// A driver's runtime and its connection to the head, for one command.
+struct Driver {
+  std::unique_ptr<troupe::Runtime> rt;
+  std::optional<troupe::ClusterClient> cluster;
+};
+troupe::Result<Driver> connect_driver(const std::string& flag) {
   std::string address = head_address(flag);
   if (address.empty()) {
     return troupe::error(troupe::ErrorCode::not_found,
@@ -223,10 +235,18 @@ troupe::Result<troupe::ClusterStatus> fetch_status(const std::string& flag) {
   troupe::RuntimeConfig cfg;
   cfg.transport = address.rfind("ucx://", 0) == 0 ? "ucx" : "tcp";
   cfg.log_level = "error";
-  troupe::Runtime rt(cfg);
-  auto cluster = troupe::ClusterClient::connect(rt, address, std::chrono::seconds(5));
+  Driver d;
+  d.rt = std::make_unique<troupe::Runtime>(cfg);
+  auto cluster = troupe::ClusterClient::connect(*d.rt, address, std::chrono::seconds(5));
   if (!cluster) return troupe::error(cluster.error());
-  return cluster->status(std::chrono::seconds(5));
+  d.cluster = *cluster;
+  return d;
+}
+
+troupe::Result<troupe::ClusterStatus> fetch_status(const std::string& flag) {
+  auto d = connect_driver(flag);
+  if (!d) return troupe::error(d.error());
+  return d->cluster->status(std::chrono::seconds(5));
 }
 
 void print_status(const troupe::ClusterStatus& st) {
@@ -241,6 +261,11 @@ void print_status(const troupe::ClusterStatus& st) {
   for (auto& g : st.placement_groups) {
     std::printf("  %-20s %-13s %-12s %zu bundles%s%s\n", g.id.c_str(), std::string(to_string(g.spec.strategy)).c_str(),
                 g.state.c_str(), g.spec.bundles.size(), g.reason.empty() ? "" : "  reason: ", g.reason.c_str());
+  }
+  std::printf("jobs: %zu\n", st.jobs.size());
+  for (auto& j : st.jobs) {
+    std::printf("  %-24s %-10s on %-16s %s\n", j.id.c_str(), j.state.c_str(), j.node.c_str(),
+                j.command.empty() ? "" : j.command[0].c_str());
   }
 }
 
@@ -287,6 +312,26 @@ int main(int argc, char** argv) {
   list->add_option("what", what, "nodes or pgs")->required()->check(CLI::IsMember({"nodes", "pgs"}));
   list->add_option("--address", status_address, "The head (default: $TROUPE_ADDRESS or the local head)");
   list->add_flag("--json", as_json, "Print JSON");
+
+  // troupe job
+  auto* job = app.add_subcommand("job", "Run commands on the cluster and follow them");
+  job->require_subcommand(1);
+  std::string job_address, job_id, job_node;
+  std::vector<std::string> job_command, job_env;
+  auto* submit = job->add_subcommand("submit", "Run a command on a node: troupe job submit [--node N] -- CMD ...");
+  submit->add_option("--address", job_address, "The head (default: $TROUPE_ADDRESS or the local head)");
+  submit->add_option("--node", job_node, "The node to run it on (default: any alive node)");
+  submit->add_option("--env", job_env, "K=V added to its environment (repeatable)");
+  // Everything after the options (after `--`) is the command, flags included.
+  submit->prefix_command();
+  submit->footer("The command and its arguments follow the options, after --");
+  auto* job_status = job->add_subcommand("status", "A job's state and exit code");
+  auto* job_logs = job->add_subcommand("logs", "A job's output (stdout and stderr)");
+  auto* job_stop = job->add_subcommand("stop", "Stop a job (SIGTERM to its processes, SIGKILL after 5 s)");
+  for (auto* sub : {job_status, job_logs, job_stop}) {
+    sub->add_option("id", job_id, "The job id (troupe job submit prints it)")->required();
+    sub->add_option("--address", job_address, "The head (default: $TROUPE_ADDRESS or the local head)");
+  }
 
   // troupe stop
   auto* stop = app.add_subcommand("stop", "Stop the heads and agents `troupe start` launched on this machine");
@@ -350,6 +395,7 @@ int main(int argc, char** argv) {
       o.node_id = node_id;
       o.resources = troupe::cluster::detect_resources(overrides);
       o.labels = labels;
+      o.log_dir = troupe_home() / "logs";
       std::string scheme = address.rfind("ucx://", 0) == 0 ? "ucx" : transport;
       o.listen = scheme + "://" + host + ":0";
       s = troupe::cluster::run_agent(o, [&](const std::string& a) { fg.ready(a); }, wait_for_signal);
@@ -382,6 +428,46 @@ int main(int argc, char** argv) {
       print_status(*st);
     }
     return 0;
+  }
+
+  if (*job) {
+    auto d = connect_driver(job_address);
+    if (!d) return fail("job: " + d.error().message());
+    auto& cluster = *d->cluster;
+    if (*submit) {
+      for (auto& a : submit->remaining()) {
+        if (!(job_command.empty() && a == "--")) job_command.push_back(a);
+      }
+      if (job_command.empty()) return fail("job submit: no command (troupe job submit -- CMD ...)", kUsage);
+      auto id = cluster.submit_job(job_command, job_node, job_env);
+      if (!id) return fail("job submit: " + id.error().message());
+      std::printf("%s\n", id->c_str());
+      return 0;
+    }
+    if (*job_status) {
+      auto j = cluster.job(job_id);
+      if (!j) return fail("job status: " + j.error().message());
+      std::printf("%s %s on %s exit_code=%d%s%s\n", j->id.c_str(), j->state.c_str(), j->node.c_str(), j->exit_code,
+                  j->message.empty() ? "" : " ", j->message.c_str());
+      return 0;
+    }
+    if (*job_logs) {
+      uint64_t offset = 0;
+      for (;;) {
+        auto chunk = cluster.job_logs(job_id, offset);
+        if (!chunk) return fail("job logs: " + chunk.error().message());
+        if (chunk->empty()) break;
+        std::fwrite(chunk->data(), 1, chunk->size(), stdout);
+        offset += chunk->size();
+      }
+      return 0;
+    }
+    if (*job_stop) {
+      auto s = cluster.stop_job(job_id);
+      if (!s.ok()) return fail("job stop: " + s.message());
+      std::printf("troupe: stopping %s\n", job_id.c_str());
+      return 0;
+    }
   }
 
   if (*stop) {

@@ -58,13 +58,32 @@ struct PlacementGroupInfo {
   TROUPE_FIELDS(id, spec, state, reason, bundle_nodes);
 };
 
+/// A job: a command the cluster runs on one of its nodes (`troupe job`).
+struct JobInfo {
+  std::string id;
+  std::vector<std::string> command;
+  std::string node;
+  /// "running", "succeeded", "failed" or "stopped".
+  std::string state;
+  /// The exit code, or -signal when a signal ended it.
+  int exit_code = 0;
+  /// Why it failed, when the cluster knows more than the exit code.
+  std::string message;
+  /// Wall-clock times, milliseconds since the epoch (0 while not ended).
+  int64_t submitted_ms = 0;
+  int64_t ended_ms = 0;
+
+  TROUPE_FIELDS(id, command, node, state, exit_code, message, submitted_ms, ended_ms);
+};
+
 /// What `troupe status` shows.
 struct ClusterStatus {
   std::string head_address;
   std::vector<NodeInfo> nodes;
   std::vector<PlacementGroupInfo> placement_groups;
+  std::vector<JobInfo> jobs;
 
-  TROUPE_FIELDS(head_address, nodes, placement_groups);
+  TROUPE_FIELDS(head_address, nodes, placement_groups, jobs);
 };
 
 /// A driver's handle on a running cluster. Cheap to copy.
@@ -98,6 +117,19 @@ class ClusterClient {
   Future<PlacementGroupInfo> wait_placement_group_async(const std::string& id, std::chrono::milliseconds timeout) const;
   Future<void> remove_placement_group_async(const std::string& id,
                                             std::chrono::milliseconds timeout = std::chrono::seconds(10)) const;
+
+  /// Runs `command` (argv) on a node (`node`, or any alive one) with `env`
+  /// added to its environment; returns the job id once it has started.
+  Result<std::string> submit_job(const std::vector<std::string>& command, const std::string& node = "",
+                                 const std::vector<std::string>& env = {},
+                                 std::chrono::milliseconds timeout = std::chrono::seconds(10)) const;
+  /// A job's state.
+  Result<JobInfo> job(const std::string& id, std::chrono::milliseconds timeout = std::chrono::seconds(10)) const;
+  /// Up to `max_bytes` of a job's output (stdout and stderr) from `offset`.
+  Result<std::string> job_logs(const std::string& id, uint64_t offset = 0, uint64_t max_bytes = 1 << 20,
+                               std::chrono::milliseconds timeout = std::chrono::seconds(10)) const;
+  /// Stops a job: SIGTERM to its process group, SIGKILL after 5 s.
+  Status stop_job(const std::string& id, std::chrono::milliseconds timeout = std::chrono::seconds(10)) const;
 
   /// Internal.
   explicit ClusterClient(AnyRef head, std::string address) : head_(std::move(head)), address_(std::move(address)) {}

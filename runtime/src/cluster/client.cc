@@ -55,3 +55,29 @@ Status ClusterClient::remove_placement_group(const std::string& id, std::chrono:
 }
 
 }  // namespace troupe
+
+namespace troupe {
+
+using namespace cluster;
+
+Result<std::string> ClusterClient::submit_job(const std::vector<std::string>& command, const std::string& node,
+                                              const std::vector<std::string>& env,
+                                              std::chrono::milliseconds timeout) const {
+  return head_.ask<std::string>(SubmitJob{command, node, env}, timeout).get();
+}
+
+Result<JobInfo> ClusterClient::job(const std::string& id, std::chrono::milliseconds timeout) const {
+  return head_.ask<JobInfo>(GetJob{id}, timeout).get();
+}
+
+Result<std::string> ClusterClient::job_logs(const std::string& id, uint64_t offset, uint64_t max_bytes,
+                                            std::chrono::milliseconds timeout) const {
+  return head_.ask<std::string>(ReadJobLog{id, offset, max_bytes}, timeout).get();
+}
+
+Status ClusterClient::stop_job(const std::string& id, std::chrono::milliseconds timeout) const {
+  auto r = head_.ask<void>(StopJob{id}, timeout).get();
+  return r ? Status() : r.error();
+}
+
+}  // namespace troupe

@@ -12,6 +12,7 @@
 #include <cuda_runtime_api.h>
 #endif
 
+#include "agent/agent_actor.h"
 #include "cluster/protocol.h"
 #include "head/store.h"
 #include "log.h"
@@ -21,17 +22,6 @@
 namespace troupe::cluster {
 
 namespace {
-
-/// The agent's actor: so far it answers who it is and exists, so that the
-/// head can watch it (its process dying ends it); workers come next.
-class AgentActor final : public Actor<AgentActor, GetNodeId> {
- public:
-  explicit AgentActor(std::string node_id) : node_id_(std::move(node_id)) {}
-  std::string handle(const GetNodeId&) { return node_id_; }
-
- private:
-  std::string node_id_;
-};
 
 std::string scheme_of(const std::string& address) {
   auto p = address.find("://");
@@ -95,7 +85,7 @@ Status run_agent(const AgentOptions& options, const ReadyFn& ready, const WaitFn
     gethostname(host, sizeof(host) - 1);
     reg.node_id = std::string(host) + "-" + std::to_string(getpid());
   }
-  auto agent = rt.spawn<AgentActor>(reg.node_id);
+  auto agent = rt.spawn<AgentActor>(reg.node_id, options.log_dir);
   if (Status s = rt.publish(kAgentName, agent); !s.ok()) return s;
   reg.address = rt.address();
   reg.resources = options.resources;

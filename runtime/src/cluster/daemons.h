@@ -42,6 +42,8 @@ struct AgentOptions {
   Labels labels;
   /// Where the agent listens (its workers and the head reach it there).
   std::string listen = "tcp://127.0.0.1:0";
+  /// Where jobs' output goes.
+  std::filesystem::path log_dir = "/tmp/troupe-logs";
 };
 
 /// The machine's resources: CPU (cores), memory (bytes), GPU (devices the

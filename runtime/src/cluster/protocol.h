@@ -60,4 +60,41 @@ struct GetClusterStatus {
   TROUPE_MESSAGE_NAMED(GetClusterStatus, "troupe.GetClusterStatus");
 };
 
+/// Jobs. Driver -> head -> agent, and the agent's report back.
+struct SubmitJob {
+  std::vector<std::string> command;
+  std::string node;
+  std::vector<std::string> env;  // "K=V"
+  TROUPE_MESSAGE_NAMED(SubmitJob, "troupe.SubmitJob", command, node, env);
+};
+struct GetJob {
+  std::string id;
+  TROUPE_MESSAGE_NAMED(GetJob, "troupe.GetJob", id);
+};
+struct ReadJobLog {
+  std::string id;
+  uint64_t offset = 0;
+  uint64_t max_bytes = 0;
+  TROUPE_MESSAGE_NAMED(ReadJobLog, "troupe.ReadJobLog", id, offset, max_bytes);
+};
+struct StopJob {
+  std::string id;
+  TROUPE_MESSAGE_NAMED(StopJob, "troupe.StopJob", id);
+};
+/// Head -> agent: start it (the answer comes once it runs).
+struct RunJob {
+  std::string id;
+  std::vector<std::string> command;
+  std::vector<std::string> env;
+  AnyRef report_to;  // gets JobEnded
+  TROUPE_MESSAGE_NAMED(RunJob, "troupe.RunJob", id, command, env, report_to);
+};
+/// Agent -> head: it ended.
+struct JobEnded {
+  std::string id;
+  int exit_code = 0;
+  bool stopped = false;
+  TROUPE_MESSAGE_NAMED(JobEnded, "troupe.JobEnded", id, exit_code, stopped);
+};
+
 }  // namespace troupe::cluster

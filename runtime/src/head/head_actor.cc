@@ -42,12 +42,22 @@ void HeadActor::on_start() {
   after(config_.heartbeat / 2, [this] { tick(); });
 }
 
-std::string HeadActor::new_group_id() {
+namespace {
+std::string random_id(const char* prefix) {
   static thread_local std::mt19937_64 rng(std::random_device{}());
-  char buf[24];
-  std::snprintf(buf, sizeof(buf), "pg-%016llx", static_cast<unsigned long long>(rng()));
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%s-%016llx", prefix, static_cast<unsigned long long>(rng()));
   return buf;
 }
+int64_t wall_ms() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+}  // namespace
+
+std::string HeadActor::new_group_id() { return random_id("pg"); }
+
+Status HeadActor::persist_job(const JobInfo& j) { return store_->put("job", j.id, codec::encode(j)); }
 
 Status HeadActor::persist_node(const Node& n) { return store_->put("node", n.info.id, codec::encode(n.info)); }
 
@@ -106,8 +116,13 @@ void HeadActor::load() {
   } else {
     TROUPE_LOG(err, "event=store_read_failed kind=pg reason=\"{}\"", groups.error().message());
   }
-  TROUPE_LOG(info, "event=head_recovered nodes={} placement_groups={} pending={}", nodes_.size(), groups_.size(),
-             pending_.size());
+  if (auto jobs = store_->all("job")) {
+    for (auto& [id, body] : *jobs) {
+      if (auto j = codec::decode<JobInfo>(body)) jobs_.emplace(id, std::move(*j));
+    }
+  }
+  TROUPE_LOG(info, "event=head_recovered nodes={} placement_groups={} pending={} jobs={}", nodes_.size(),
+             groups_.size(), pending_.size(), jobs_.size());
   place_pending();
 }
 
@@ -218,7 +233,113 @@ ClusterStatus HeadActor::handle(const GetClusterStatus&) {
     st.nodes.push_back(std::move(info));
   }
   for (auto& [id, g] : groups_) st.placement_groups.push_back(g.info);
+  for (auto& [id, j] : jobs_) st.jobs.push_back(j);
   return st;
+}
+
+HeadActor::Node* HeadActor::node_for_job(const std::string& wanted, std::string* why) {
+  if (!wanted.empty()) {
+    auto it = nodes_.find(wanted);
+    if (it == nodes_.end() || it->second.info.state != "alive" || !it->second.agent) {
+      *why = "node " + wanted + " is not alive in this cluster (troupe list nodes)";
+      return nullptr;
+    }
+    return &it->second;
+  }
+  std::vector<Node*> alive;
+  for (auto& [id, n] : nodes_) {
+    if (n.info.state == "alive" && n.agent) alive.push_back(&n);
+  }
+  if (alive.empty()) {
+    *why = "no node is alive to run it (start one with troupe start --address ...)";
+    return nullptr;
+  }
+  return alive[next_job_node_++ % alive.size()];
+}
+
+Deferred<std::string> HeadActor::handle(const SubmitJob& m) {
+  auto reply = defer<std::string>();
+  if (m.command.empty()) {
+    reply.fail(Status(ErrorCode::invalid_argument, "job: no command (troupe job submit -- CMD ...)"));
+    return reply;
+  }
+  std::string why;
+  Node* node = node_for_job(m.node, &why);
+  if (node == nullptr) {
+    reply.fail(Status(ErrorCode::not_found, "job: " + why));
+    return reply;
+  }
+  JobInfo job;
+  job.id = random_id("job");
+  job.command = m.command;
+  job.node = node->info.id;
+  job.state = "running";
+  job.submitted_ms = wall_ms();
+  std::string id = job.id;
+  ask<void>(node->agent, RunJob{id, m.command, m.env, self()}).then([this, reply, job](Result<void> r) mutable {
+    if (!r) {
+      job.state = "failed";
+      job.message = r.error().message();
+      job.ended_ms = wall_ms();
+    }
+    if (Status s = persist_job(job); !s.ok()) {
+      reply.fail(s);
+      return;
+    }
+    jobs_[job.id] = job;
+    r ? reply.complete(job.id) : reply.fail(r.error());
+  });
+  return reply;
+}
+
+Result<JobInfo> HeadActor::handle(const GetJob& m) {
+  auto it = jobs_.find(m.id);
+  if (it == jobs_.end()) return error(ErrorCode::not_found, "job " + m.id + " does not exist (troupe status)");
+  return it->second;
+}
+
+void HeadActor::handle(const JobEnded& m) {
+  auto it = jobs_.find(m.id);
+  if (it == jobs_.end() || it->second.state != "running") return;
+  JobInfo& j = it->second;
+  j.exit_code = m.exit_code;
+  j.state = m.stopped ? "stopped" : m.exit_code == 0 ? "succeeded" : "failed";
+  j.ended_ms = wall_ms();
+  (void)persist_job(j);
+}
+
+Deferred<std::string> HeadActor::handle(const ReadJobLog& m) {
+  auto reply = defer<std::string>();
+  auto it = jobs_.find(m.id);
+  auto node = it == jobs_.end() ? nodes_.end() : nodes_.find(it->second.node);
+  if (node == nodes_.end() || !node->second.agent || node->second.info.state != "alive") {
+    reply.fail(Status(ErrorCode::not_found, it == jobs_.end() ? "job " + m.id + " does not exist"
+                                                              : "job " + m.id + ": its node " + it->second.node +
+                                                                    " is gone, and its log with it"));
+    return reply;
+  }
+  ask<std::string>(node->second.agent, m).then([reply](Result<std::string> r) mutable {
+    r ? reply.complete(std::move(*r)) : reply.fail(r.error());
+  });
+  return reply;
+}
+
+Deferred<void> HeadActor::handle(const StopJob& m) {
+  auto reply = defer<void>();
+  auto it = jobs_.find(m.id);
+  if (it == jobs_.end()) {
+    reply.fail(Status(ErrorCode::not_found, "job " + m.id + " does not exist"));
+    return reply;
+  }
+  auto node = nodes_.find(it->second.node);
+  if (it->second.state != "running" || node == nodes_.end() || !node->second.agent) {
+    reply.complete();  // already over
+    return reply;
+  }
+  ask<void>(node->second.agent, m).then([reply](Result<void> r) mutable {
+    r ? reply.complete() : reply.fail(r.error());
+  });
+  return reply;
 }
 
 void HeadActor::tick() {
@@ -256,6 +377,13 @@ void HeadActor::node_dead(const std::string& id, const std::string& why) {
   n.monitor = 0;
   TROUPE_LOG(warn, "event=node_dead node={} reason=\"{}\"", id, why);
   (void)persist_node(n);
+  for (auto& [jid, j] : jobs_) {
+    if (j.node != id || j.state != "running") continue;
+    j.state = "failed";
+    j.message = "its node died: " + why;
+    j.ended_ms = wall_ms();
+    (void)persist_job(j);
+  }
   for (const std::string& gid : ledger_.remove_node(n.index)) {
     auto g = groups_.find(gid);
     if (g == groups_.end()) continue;

@@ -30,7 +30,8 @@ struct HeadConfig {
 };
 
 class HeadActor : public Actor<HeadActor, RegisterNode, NodeHeartbeat, CreatePlacementGroup, WaitPlacementGroup,
-                               RemovePlacementGroup, GetClusterStatus> {
+                               RemovePlacementGroup, GetClusterStatus, SubmitJob, GetJob, ReadJobLog, StopJob,
+                               JobEnded> {
  public:
   HeadActor(std::shared_ptr<Store> store, HeadConfig config);
 
@@ -42,6 +43,11 @@ class HeadActor : public Actor<HeadActor, RegisterNode, NodeHeartbeat, CreatePla
   Deferred<PlacementGroupInfo> handle(const WaitPlacementGroup& m);
   Result<void> handle(const RemovePlacementGroup& m);
   ClusterStatus handle(const GetClusterStatus& m);
+  Deferred<std::string> handle(const SubmitJob& m);
+  Result<JobInfo> handle(const GetJob& m);
+  Deferred<std::string> handle(const ReadJobLog& m);
+  Deferred<void> handle(const StopJob& m);
+  void handle(const JobEnded& m);
 
  private:
   struct Node {
@@ -70,6 +76,9 @@ class HeadActor : public Actor<HeadActor, RegisterNode, NodeHeartbeat, CreatePla
   Status persist_group(const Group& g);
   void load();
   std::string new_group_id();
+  /// The alive node that runs a job: `wanted`, or the next one in turn.
+  Node* node_for_job(const std::string& wanted, std::string* why);
+  Status persist_job(const JobInfo& j);
 
   std::shared_ptr<Store> store_;
   HeadConfig config_;
@@ -80,6 +89,8 @@ class HeadActor : public Actor<HeadActor, RegisterNode, NodeHeartbeat, CreatePla
   /// Groups that wait for resources, oldest first; rescheduled ones go to
   /// the front (Ray reschedules lost bundles before placing new groups).
   std::vector<std::string> pending_;
+  std::map<std::string, JobInfo> jobs_;
+  size_t next_job_node_ = 0;
 };
 
 }  // namespace troupe::cluster

@@ -1,0 +1,55 @@
+// The node agent's actor: who it is (the head watches it, so that the agent
+// process dying marks the node dead at once), and the jobs it runs: each a
+// child process in its own process group, its output in a log file, its end
+// reported to the head.
+#pragma once
+
+#include <sys/types.h>
+
+#include <filesystem>
+#include <map>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cluster/protocol.h"
+#include "troupe/actor.h"
+
+namespace troupe::cluster {
+
+/// From a job's waiter thread to the agent's actor.
+struct JobExited {
+  std::string id;
+  int status = 0;  // as waitpid gives it
+};
+
+class AgentActor final : public Actor<AgentActor, GetNodeId, RunJob, ReadJobLog, StopJob, JobExited> {
+ public:
+  AgentActor(std::string node_id, std::filesystem::path log_dir);
+
+  std::string handle(const GetNodeId&) { return node_id_; }
+  Result<void> handle(const RunJob& m);
+  Result<std::string> handle(const ReadJobLog& m);
+  Result<void> handle(const StopJob& m);
+  void handle(const JobExited& m);
+
+  /// Stops what still runs (SIGKILL to each job's process group).
+  void on_stop(const ExitReason& reason) override;
+
+ private:
+  struct Job {
+    pid_t pid = -1;
+    AnyRef report_to;
+    std::filesystem::path log;
+    bool stop_requested = false;
+    bool running = true;
+    std::thread waiter;
+  };
+  std::filesystem::path log_of(const std::string& id) const;
+
+  std::string node_id_;
+  std::filesystem::path log_dir_;
+  std::map<std::string, Job> jobs_;
+};
+
+}  // namespace troupe::cluster
