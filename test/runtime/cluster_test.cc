@@ -336,3 +336,32 @@ TEST_CASE("cluster: a job submitted with the command line runs, its output is re
   CHECK(code == 1);
   CHECK_THAT(out, Catch::Contains("does not exist"));
 }
+
+TEST_CASE("cluster: while the head is down, creating a group waits for it, bounded", "[cluster]") {
+  LocalCluster local(2);
+  auto& cluster = local.cluster;
+  std::string address = local.head_process->address();
+  std::string port = address.substr(address.rfind(':') + 1);
+  local.head_process->kill9();
+
+  // Bounded: with no head coming back, the call fails after its timeout.
+  auto t0 = Clock::now();
+  auto gone = cluster.create_placement_group(spread(1), 400ms);
+  REQUIRE_FALSE(gone.has_value());
+  CHECK((gone.error().code() == ErrorCode::peer_lost || gone.error().code() == ErrorCode::actor_dead ||
+         gone.error().code() == ErrorCode::refused || gone.error().code() == ErrorCode::timeout));
+  CHECK(Clock::now() - t0 >= 400ms);
+
+  // Waiting: a head that comes back within the timeout takes the request.
+  troupe::Result<std::string> made = troupe::error(ErrorCode::timeout, "not yet");
+  std::thread creator([&] { made = cluster.create_placement_group(spread(2), 20s); });
+  std::this_thread::sleep_for(300ms);  // the head stays down a while
+  local.head_process = head(local.home, port);
+  creator.join();
+  REQUIRE(made.has_value());
+  auto pg = cluster.wait_placement_group(*made, 10s);
+  REQUIRE(pg.has_value());
+  CHECK(pg->state == "created");
+  auto st = cluster.status().value();
+  CHECK(st.placement_groups.size() == 1);  // created once, whatever the retries
+}

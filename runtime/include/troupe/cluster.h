@@ -12,6 +12,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -54,8 +55,10 @@ struct PlacementGroupInfo {
   std::string reason;
   /// Per bundle, the id of its node ("" while not placed).
   std::vector<std::string> bundle_nodes;
+  /// The creating request's key (see ClusterClient), for retries.
+  std::string request_id;
 
-  TROUPE_FIELDS(id, spec, state, reason, bundle_nodes);
+  TROUPE_FIELDS(id, spec, state, reason, bundle_nodes, request_id);
 };
 
 /// A job: a command the cluster runs on one of its nodes (`troupe job`).
@@ -86,7 +89,15 @@ struct ClusterStatus {
   TROUPE_FIELDS(head_address, nodes, placement_groups, jobs);
 };
 
-/// A driver's handle on a running cluster. Cheap to copy.
+/// A driver's handle on a running cluster. Cheap to copy; the Runtime it
+/// was connected through must outlive it.
+///
+/// While the head is down (killed, restarting), the synchronous calls wait
+/// for it, reconnecting, up to their timeout, and then fail with peer_lost;
+/// creating a placement group is safe to repeat this way (the head
+/// recognises a retried request). submit_job is retried only when the
+/// request cannot have reached a head (a job never runs twice). The *_async
+/// calls make one attempt.
 class ClusterClient {
  public:
   /// Connects through `rt` to the head at `head_address` ("tcp://host:port",
@@ -131,14 +142,18 @@ class ClusterClient {
   /// Stops a job: SIGTERM to its process group, SIGKILL after 5 s.
   Status stop_job(const std::string& id, std::chrono::milliseconds timeout = std::chrono::seconds(10)) const;
 
-  /// Internal.
-  explicit ClusterClient(AnyRef head, std::string address) : head_(std::move(head)), address_(std::move(address)) {}
   /// The head's address.
-  const std::string& address() const { return address_; }
+  const std::string& address() const;
+
+  struct State;
+  /// Internal.
+  explicit ClusterClient(std::shared_ptr<State> state) : state_(std::move(state)) {}
 
  private:
-  AnyRef head_;
-  std::string address_;
+  template <class R, class M>
+  Result<R> call(const M& msg, std::chrono::milliseconds timeout, bool idempotent = true) const;
+
+  std::shared_ptr<State> state_;
 };
 
 }  // namespace troupe

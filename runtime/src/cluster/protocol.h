@@ -45,7 +45,10 @@ struct GetNodeId {
 /// Driver -> head.
 struct CreatePlacementGroup {
   PlacementGroupSpec spec;
-  TROUPE_MESSAGE_NAMED(CreatePlacementGroup, "troupe.CreatePlacementGroup", spec);
+  /// Chosen by the client; a retried request with the same key gets the
+  /// group the first one made.
+  std::string request_id;
+  TROUPE_MESSAGE_NAMED(CreatePlacementGroup, "troupe.CreatePlacementGroup", spec, request_id);
 };
 struct WaitPlacementGroup {
   std::string id;

@@ -94,6 +94,7 @@ void HeadActor::load() {
       Group g;
       g.info = std::move(*info);
       if (!g.info.spec.name.empty()) group_names_[g.info.spec.name] = id;
+      if (!g.info.request_id.empty()) group_requests_[g.info.request_id] = id;
       if (g.info.state == "pending") {
         pending_.push_back(id);
       } else {
@@ -166,6 +167,10 @@ Result<bool> HeadActor::handle(const NodeHeartbeat& m) {
 }
 
 Result<std::string> HeadActor::handle(const CreatePlacementGroup& m) {
+  if (!m.request_id.empty()) {
+    // A retry of a request this head (or its predecessor) already did.
+    if (auto it = group_requests_.find(m.request_id); it != group_requests_.end()) return it->second;
+  }
   if (Status s = check_spec(m.spec); !s.ok()) return error(s);
   if (!m.spec.name.empty() && group_names_.count(m.spec.name)) {
     return error(ErrorCode::already_exists, "placement group: the name '" + m.spec.name + "' is taken (by " +
@@ -174,6 +179,7 @@ Result<std::string> HeadActor::handle(const CreatePlacementGroup& m) {
   Group g;
   g.info.id = new_group_id();
   g.info.spec = m.spec;
+  g.info.request_id = m.request_id;
   g.info.bundle_nodes.assign(m.spec.bundles.size(), "");
   auto out = ledger_.place(g.info.id, m.spec);
   if (out.placed) {
@@ -189,6 +195,7 @@ Result<std::string> HeadActor::handle(const CreatePlacementGroup& m) {
   }
   std::string id = g.info.id;
   if (!m.spec.name.empty()) group_names_[m.spec.name] = id;
+  if (!m.request_id.empty()) group_requests_[m.request_id] = id;
   if (!out.placed) pending_.push_back(id);
   groups_.emplace(id, std::move(g));
   return id;
@@ -216,6 +223,7 @@ Result<void> HeadActor::handle(const RemovePlacementGroup& m) {
     w.reply.fail(Status(ErrorCode::not_found, "placement group " + m.id + " was removed while waited for"));
   }
   if (!it->second.info.spec.name.empty()) group_names_.erase(it->second.info.spec.name);
+  if (!it->second.info.request_id.empty()) group_requests_.erase(it->second.info.request_id);
   groups_.erase(it);
   pending_.erase(std::remove(pending_.begin(), pending_.end(), m.id), pending_.end());
   place_pending();

@@ -86,6 +86,7 @@ class HeadActor : public Actor<HeadActor, RegisterNode, NodeHeartbeat, CreatePla
   std::map<std::string, Node> nodes_;
   std::map<std::string, Group> groups_;
   std::map<std::string, std::string> group_names_;  // name -> id
+  std::map<std::string, std::string> group_requests_;  // request id -> group id
   /// Groups that wait for resources, oldest first; rescheduled ones go to
   /// the front (Ray reschedules lost bundles before placing new groups).
   std::vector<std::string> pending_;
