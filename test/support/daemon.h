@@ -22,8 +22,9 @@ class Daemon {
  public:
   /// Starts `cli args... --block` with TROUPE_HOME=`home` and the cluster
   /// token `token`; ok() says whether it answered within 20 s.
+  /// `prefix` runs before it (e.g. {"ip", "netns", "exec", "ns1"}).
   Daemon(const std::string& cli, const std::filesystem::path& home, const std::string& token,
-         std::vector<std::string> args) {
+         std::vector<std::string> args, std::vector<std::string> prefix = {}) {
     int ready[2];
     if (pipe(ready) != 0) return;
     pid_ = fork();
@@ -37,10 +38,11 @@ class Daemon {
       setenv("TROUPE_LOG_LEVEL", "warn", 1);
       args.insert(args.begin(), cli);
       args.push_back("--block");
+      args.insert(args.begin(), prefix.begin(), prefix.end());
       std::vector<char*> argv;
       for (auto& a : args) argv.push_back(a.data());
       argv.push_back(nullptr);
-      execv(cli.c_str(), argv.data());
+      execvp(argv[0], argv.data());
       _exit(127);
     }
     close(ready[1]);

@@ -322,8 +322,6 @@ int main(int argc, char** argv) {
   submit->add_option("--address", job_address, "The head (default: $TROUPE_ADDRESS or the local head)");
   submit->add_option("--node", job_node, "The node to run it on (default: any alive node)");
   submit->add_option("--env", job_env, "K=V added to its environment (repeatable)");
-  // Everything after the options (after `--`) is the command, flags included.
-  submit->prefix_command();
   submit->footer("The command and its arguments follow the options, after --");
   auto* job_status = job->add_subcommand("status", "A job's state and exit code");
   auto* job_logs = job->add_subcommand("logs", "A job's output (stdout and stderr)");
@@ -338,8 +336,18 @@ int main(int argc, char** argv) {
   int grace_s = 10;
   stop->add_option("--grace", grace_s, "Seconds to wait before SIGKILL")->check(CLI::Range(0, 3600));
 
+  // Everything after `--` is a job's command, its flags included: split it
+  // off before CLI11 sees the rest.
+  int parsed_argc = argc;
+  for (int i = 1; i < argc; ++i) {
+    if (std::string(argv[i]) == "--") {
+      job_command.assign(argv + i + 1, argv + argc);
+      parsed_argc = i;
+      break;
+    }
+  }
   try {
-    app.parse(argc, argv);
+    app.parse(parsed_argc, argv);
   } catch (const CLI::CallForHelp& e) {
     return app.exit(e);
   } catch (const CLI::CallForAllHelp& e) {
@@ -435,9 +443,6 @@ int main(int argc, char** argv) {
     if (!d) return fail("job: " + d.error().message());
     auto& cluster = *d->cluster;
     if (*submit) {
-      for (auto& a : submit->remaining()) {
-        if (!(job_command.empty() && a == "--")) job_command.push_back(a);
-      }
       if (job_command.empty()) return fail("job submit: no command (troupe job submit -- CMD ...)", kUsage);
       auto id = cluster.submit_job(job_command, job_node, job_env);
       if (!id) return fail("job submit: " + id.error().message());
