@@ -365,3 +365,21 @@ TEST_CASE("cluster: while the head is down, creating a group waits for it, bound
   auto st = cluster.status().value();
   CHECK(st.placement_groups.size() == 1);  // created once, whatever the retries
 }
+
+TEST_CASE("cluster: a job that ends while the head is down is known to the restarted head", "[cluster]") {
+  LocalCluster local(1);
+  std::string address = local.head_process->address();
+  std::string port = address.substr(address.rfind(':') + 1);
+  auto id = local.cluster.submit_job({"sh", "-c", "sleep 0.3; exit 7"});
+  REQUIRE(id.has_value());
+  local.head_process->kill9();
+  std::this_thread::sleep_for(600ms);  // the job ends meanwhile, with no head to tell
+  local.head_process = head(local.home, port);
+  bool told = false;
+  for (int i = 0; i < 250 && !told; ++i) {
+    auto j = local.cluster.job(*id);
+    told = j && j->state == "failed" && j->exit_code == 7;
+    if (!told) std::this_thread::sleep_for(20ms);  // polling the restarted head
+  }
+  CHECK(told);
+}

@@ -107,7 +107,19 @@ void AgentActor::handle(const JobExited& m) {
   job.running = false;
   int code = WIFEXITED(m.status) ? WEXITSTATUS(m.status) : WIFSIGNALED(m.status) ? -WTERMSIG(m.status) : -1;
   TROUPE_LOG(info, "event=job_ended job={} exit_code={} stopped={}", m.id, code, job.stop_requested);
-  if (job.report_to) (void)job.report_to.tell(JobEnded{m.id, code, job.stop_requested});
+  JobEnded ended{m.id, code, job.stop_requested};
+  // To the head that started it, or (it restarted since) the one now.
+  if (!job.report_to || !job.report_to.tell(ended).ok()) {
+    if (head_) (void)head_.tell(ended);
+  }
+  constexpr size_t kRemembered = 1000;
+  if (ended_.size() >= kRemembered) ended_.erase(ended_.begin());
+  ended_[m.id] = ended;
+}
+
+void AgentActor::handle(const HeadChanged& m) {
+  head_ = m.head;
+  for (auto& [id, ended] : ended_) (void)head_.tell(ended);
 }
 
 Result<std::string> AgentActor::handle(const ReadJobLog& m) {

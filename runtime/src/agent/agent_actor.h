@@ -22,8 +22,13 @@ struct JobExited {
   std::string id;
   int status = 0;  // as waitpid gives it
 };
+/// From the agent's registration thread: the head it is registered with now
+/// (after a head restart, a new one).
+struct HeadChanged {
+  AnyRef head;
+};
 
-class AgentActor final : public Actor<AgentActor, GetNodeId, RunJob, ReadJobLog, StopJob, JobExited> {
+class AgentActor final : public Actor<AgentActor, GetNodeId, RunJob, ReadJobLog, StopJob, JobExited, HeadChanged> {
  public:
   AgentActor(std::string node_id, std::filesystem::path log_dir);
 
@@ -32,6 +37,8 @@ class AgentActor final : public Actor<AgentActor, GetNodeId, RunJob, ReadJobLog,
   Result<std::string> handle(const ReadJobLog& m);
   Result<void> handle(const StopJob& m);
   void handle(const JobExited& m);
+  /// Tells the new head how the jobs it may not know the end of ended.
+  void handle(const HeadChanged& m);
 
   /// Stops what still runs (SIGKILL to each job's process group).
   void on_stop(const ExitReason& reason) override;
@@ -50,6 +57,10 @@ class AgentActor final : public Actor<AgentActor, GetNodeId, RunJob, ReadJobLog,
   std::string node_id_;
   std::filesystem::path log_dir_;
   std::map<std::string, Job> jobs_;
+  /// Ended jobs, told again to each new head (a head that was down when a
+  /// job ended learns it when the agent registers with it again).
+  std::map<std::string, JobEnded> ended_;
+  AnyRef head_;
 };
 
 }  // namespace troupe::cluster

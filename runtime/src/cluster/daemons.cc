@@ -117,6 +117,7 @@ Status run_agent(const AgentOptions& options, const ReadyFn& ready, const WaitFn
       }
       backoff = std::chrono::milliseconds(100);
       TROUPE_LOG(info, "event=node_registered node={} head={}", reg.node_id, options.head);
+      (void)agent.tell(HeadChanged{*head});
       if (!announced) {
         announced = true;
         lock.unlock();
