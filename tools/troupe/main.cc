@@ -17,6 +17,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <iterator>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -54,6 +55,14 @@ struct Started {
   std::string address;
   fs::path file;
 };
+/// Whether `pid` is still a troupe process (a pid file outlives a process
+/// killed with -9, and its pid may have been given to another program).
+bool is_troupe(pid_t pid) {
+  std::ifstream f("/proc/" + std::to_string(pid) + "/cmdline");
+  std::string cmdline((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  return cmdline.find("troupe") != std::string::npos && cmdline.find("--block") != std::string::npos;
+}
+
 std::vector<Started> started() {
   std::vector<Started> out;
   std::error_code ec;
@@ -61,7 +70,13 @@ std::vector<Started> started() {
     std::ifstream f(e.path());
     json j = json::parse(f, nullptr, false);
     if (j.is_discarded() || !j.contains("pid")) continue;
-    out.push_back({j["pid"].get<pid_t>(), j.value("role", "?"), j.value("address", ""), e.path()});
+    pid_t pid = j["pid"].get<pid_t>();
+    if (!is_troupe(pid)) {
+      std::error_code gone;
+      fs::remove(e.path(), gone);  // stale: that process is gone
+      continue;
+    }
+    out.push_back({pid, j.value("role", "?"), j.value("address", ""), e.path()});
   }
   return out;
 }
@@ -72,7 +87,7 @@ std::string head_address(const std::string& flag) {
   if (!flag.empty()) return flag;
   if (const char* a = std::getenv("TROUPE_ADDRESS"); a && *a) return a;
   for (auto& s : started()) {
-    if (s.role == "head" && kill(s.pid, 0) == 0) return s.address;
+    if (s.role == "head") return s.address;
   }
   return {};
 }
