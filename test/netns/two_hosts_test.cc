@@ -55,15 +55,9 @@ struct TwoHosts {
   std::vector<std::string> in(const std::string& ns) const { return {"ip", "netns", "exec", ns}; }
   /// The command line, run in namespace `ns`: exit code and output.
   std::pair<int, std::string> cli(const std::string& ns, const std::string& address, const std::string& args) const {
-    std::string cmd = "ip netns exec " + ns + " env TROUPE_HOME=" + (home / ns).string() +
-                      " TROUPE_CLUSTER_TOKEN=" + kToken + " TROUPE_ADDRESS=" + address + " " + TROUPE_CLI + " " +
-                      args + " 2>&1";
-    FILE* p = popen(cmd.c_str(), "r");
-    std::string out;
-    char buf[512];
-    while (std::fgets(buf, sizeof(buf), p)) out += buf;
-    int status = pclose(p);
-    return {WEXITSTATUS(status), out};
+    return troupe::test::run_command("ip netns exec " + ns + " env TROUPE_HOME=" + (home / ns).string() +
+                                     " TROUPE_CLUSTER_TOKEN=" + kToken + " TROUPE_ADDRESS=" + address + " " +
+                                     TROUPE_CLI + " " + args);
   }
 };
 

@@ -252,14 +252,8 @@ TEST_CASE("cluster: a node whose CPUs are saturated is not declared dead", "[clu
 TEST_CASE("troupe command line: bad usage and a missing head get one clear line and exit codes", "[cluster]") {
   TempHome home;
   auto run = [&](const std::string& args) {
-    std::string cmd = "TROUPE_HOME=" + home.path.string() + " TROUPE_CLUSTER_TOKEN=" + kToken + " " + TROUPE_CLI +
-                      " " + args + " 2>&1";
-    FILE* p = popen(cmd.c_str(), "r");
-    std::string out;
-    char buf[512];
-    while (std::fgets(buf, sizeof(buf), p)) out += buf;
-    int status = pclose(p);
-    return std::make_pair(WEXITSTATUS(status), out);
+    return troupe::test::run_command("TROUPE_HOME=" + home.path.string() + " TROUPE_CLUSTER_TOKEN=" + kToken + " " +
+                                     TROUPE_CLI + " " + args);
   };
   auto [code, out] = run("start --head --address 1.2.3.4:5");
   CHECK(code == 2);
@@ -283,14 +277,8 @@ TEST_CASE("troupe command line: bad usage and a missing head get one clear line 
 TEST_CASE("cluster: a job submitted with the command line runs, its output is readable, and it stops", "[cluster]") {
   LocalCluster local(2);
   auto cli = [&](const std::string& args) {
-    std::string cmd = "TROUPE_HOME=" + local.home.path.string() + " TROUPE_CLUSTER_TOKEN=" + kToken +
-                      " TROUPE_ADDRESS=" + local.head_process->address() + " " + TROUPE_CLI + " " + args + " 2>&1";
-    FILE* p = popen(cmd.c_str(), "r");
-    std::string out;
-    char buf[512];
-    while (std::fgets(buf, sizeof(buf), p)) out += buf;
-    int status = pclose(p);
-    return std::make_pair(WEXITSTATUS(status), out);
+    return troupe::test::run_command("TROUPE_HOME=" + local.home.path.string() + " TROUPE_CLUSTER_TOKEN=" + kToken +
+                                     " TROUPE_ADDRESS=" + local.head_process->address() + " " + TROUPE_CLI + " " + args);
   };
   auto finished = [&](const std::string& id) {
     auto deadline = Clock::now() + 10s;

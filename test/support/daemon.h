@@ -12,8 +12,10 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <filesystem>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace troupe::test {
@@ -89,5 +91,17 @@ class Daemon {
   std::string said_;
   std::string address_;
 };
+
+/// Runs `command` through the shell: its exit code and its output (stdout
+/// and stderr together).
+inline std::pair<int, std::string> run_command(const std::string& command) {
+  FILE* p = popen((command + " 2>&1").c_str(), "r");
+  if (p == nullptr) return {-1, "popen failed"};
+  std::string out;
+  char buf[512];
+  while (std::fgets(buf, sizeof(buf), p)) out += buf;
+  int status = pclose(p);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
 
 }  // namespace troupe::test
