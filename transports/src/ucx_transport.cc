@@ -360,6 +360,9 @@ class UcxTransport final : public Transport {
     req->self = this;
     size_t bytes = req->bytes();
     bool counted = ep != nullptr && req->peer != 0;
+    // Once UCX has it, the request belongs to whichever thread completes it:
+    // everything its callback reads is set now.
+    if (!counted) req->peer = 0;
     const void* buffer = req->data.data();
     size_t count = req->data.size();
     if (!req->tail.empty()) {
@@ -381,10 +384,9 @@ class UcxTransport final : public Transport {
       return {};
     }
     if (counted) {
+      // Under ep->mu, which sent() takes too: counted before it is uncounted.
       ++ep->in_flight;
       ep->in_flight_bytes += bytes;
-    } else {
-      req->peer = 0;
     }
     if (tl_progressing != this) ucp_worker_signal(worker_);  // in flight: whoever sleeps must progress it
     return {};
