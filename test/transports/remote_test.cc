@@ -369,8 +369,10 @@ TEST_CASE("remote: four processes ask, tell and relay between each other, on bot
   }
 }
 
+// [huge]: 256 MiB through UCX under TSan runs past UCX's own endpoint
+// keepalive (see docs/transports.md); scripts/tsan.sh leaves it out.
 TEST_CASE("remote: payloads from 0 bytes to 256 MiB reach another process intact, on both transports",
-          "[remote][ucx]") {
+          "[remote][ucx][huge]") {
   std::string scheme = GENERATE(as<std::string>{}, "tcp", "ucx");
   INFO("transport " << scheme);
   PeerProcess peer("test-token", scheme);
