@@ -391,6 +391,23 @@ Result<AnyRef> Runtime::resolve_any(const std::string& uri, std::chrono::millise
   return AnyRef(std::move(*cell));
 }
 Status Runtime::shutdown() { return impl_->shutdown(); }
+
+Result<std::pair<std::string, uint64_t>> Runtime::locate(const AnyRef& actor) {
+  if (!actor) return error(ErrorCode::invalid_argument, "locate: empty reference");
+  auto node = impl_->node();
+  if (!node) return error(node.error());
+  return (*node)->locate(actor.cell());
+}
+
+Result<AnyRef> Runtime::ref_at(const std::string& address, uint64_t id) {
+  auto node = impl_->node();
+  if (!node) return error(node.error());
+  detail::CellPtr cell;
+  std::string problem;
+  if (!(*node)->ref_for(address, id, &cell, &problem)) return error(ErrorCode::invalid_argument, problem);
+  if (!cell) return error(ErrorCode::actor_dead, "ref_at: no actor " + std::to_string(id) + " at " + address);
+  return AnyRef(std::move(cell));
+}
 const RuntimeConfig& Runtime::config() const { return impl_->config(); }
 
 }  // namespace troupe

@@ -19,6 +19,7 @@
 
 #include "support/daemon.h"
 #include "troupe/cluster.h"
+#include "troupe/troupe.h"
 
 using namespace std::chrono_literals;
 using troupe::ErrorCode;
@@ -86,8 +87,22 @@ const troupe::NodeInfo* find_node(const troupe::ClusterStatus& st, const std::st
   return nullptr;
 }
 
+/// A named actor for the directory tests.
+struct WhoAreYou {
+  TROUPE_MESSAGE(WhoAreYou);
+};
+class Named : public troupe::Actor<Named, WhoAreYou> {
+ public:
+  explicit Named(int n) : n_(n) {}
+  int handle(const WhoAreYou&) { return n_; }
+
+ private:
+  int n_;
+};
+
 troupe::RuntimeConfig driver() {
   troupe::RuntimeConfig cfg;
+  cfg.listen = "tcp://127.0.0.1:0";  // named actors must be reachable
   cfg.log_level = "error";
   cfg.cluster_token = kToken;
   return cfg;
@@ -370,4 +385,55 @@ TEST_CASE("cluster: a job that ends while the head is down is known to the resta
     if (!told) std::this_thread::sleep_for(20ms);  // polling the restarted head
   }
   CHECK(told);
+}
+
+TEST_CASE("cluster: named actors: the first to register wins, all get it, and the name frees when it stops",
+          "[cluster]") {
+  LocalCluster local(1);
+  auto& cluster = local.cluster;
+  constexpr int kRacers = 8;
+  std::vector<troupe::ActorRef<Named>> actors;
+  for (int i = 0; i < kRacers; ++i) actors.push_back(local.rt.spawn<Named>(i));
+  std::vector<troupe::Result<troupe::AnyRef>> got(kRacers, troupe::error(ErrorCode::timeout, "not yet"));
+  std::vector<std::thread> racers;
+  for (int i = 0; i < kRacers; ++i) {
+    racers.emplace_back([&, i] { got[i] = cluster.register_name(actors[i], "counter", "team"); });
+  }
+  for (auto& t : racers) t.join();
+  std::set<int> answers;
+  for (auto& g : got) {
+    REQUIRE(g.has_value());
+    answers.insert(g->ask<int>(WhoAreYou{}).get().value());
+  }
+  REQUIRE(answers.size() == 1);  // one winner, the same for everyone
+  int winner = *answers.begin();
+
+  auto found = cluster.get_actor_as<Named>("counter", "team");
+  REQUIRE(found.has_value());
+  CHECK(found->ask(WhoAreYou{}).get().value() == winner);
+  CHECK(cluster.get_actor("counter", "other").error().code() == ErrorCode::not_found);
+  auto st = cluster.status().value();
+  REQUIRE(st.named_actors.size() == 1);
+  CHECK(st.named_actors[0].ns == "team");
+
+  // It survives a head restart...
+  std::string address = local.head_process->address();
+  local.head_process->kill9();
+  local.head_process = head(local.home, address.substr(address.rfind(':') + 1));
+  auto again = cluster.get_actor_as<Named>("counter", "team");
+  REQUIRE(again.has_value());
+  CHECK(again->ask(WhoAreYou{}).get().value() == winner);
+
+  // ...and leaves the directory when its actor stops: the name is free.
+  local.rt.stop(actors[winner]);
+  bool freed = false;
+  for (int i = 0; i < 250 && !freed; ++i) {
+    freed = !cluster.get_actor("counter", "team").has_value();
+    if (!freed) std::this_thread::sleep_for(20ms);  // polling the head
+  }
+  CHECK(freed);
+  int next = (winner + 1) % kRacers;
+  auto taken = cluster.register_name(actors[next], "counter", "team");
+  REQUIRE(taken.has_value());
+  CHECK(taken->ask<int>(WhoAreYou{}).get().value() == next);
 }

@@ -392,3 +392,17 @@ TEST_CASE("remote: payloads from 0 bytes to 256 MiB reach another process intact
     CHECK(*r == sum);
   }
 }
+
+TEST_CASE("remote: a ref to a node not yet connected to still reports its actor's stop to monitors", "[remote]") {
+  troupe::Runtime owner(test_config());
+  troupe::Runtime watcher(test_config());
+  auto actor = owner.spawn<Service>();
+  auto where = owner.locate(actor).value();  // as a directory would keep it
+  auto ref = watcher.ref_at(where.first, where.second);
+  REQUIRE(ref.has_value());  // no connection between the two yet
+  auto down = watcher.monitor(*ref, 10s);  // nothing else makes the watcher connect
+  owner.stop(actor);
+  auto reason = down.get();
+  REQUIRE(reason.has_value());
+  CHECK_THAT(reason->to_string(), Catch::Contains("stopped by Runtime::stop"));
+}

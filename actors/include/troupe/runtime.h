@@ -118,6 +118,13 @@ class Runtime {
   /// ("tcp://host:port/NAME" or "troupe://host:port/NAME"). Messages to it
   /// must be declared with TROUPE_MESSAGE. Blocks up to `timeout`.
   Result<AnyRef> resolve_any(const std::string& uri, std::chrono::milliseconds timeout = kDefaultTimeout);
+  /// Where an actor is reachable from other processes: its node's address
+  /// and its id there (what a ref carries in a message). For keeping refs
+  /// outside messages, in a directory; a local actor needs this runtime to
+  /// listen.
+  Result<std::pair<std::string, uint64_t>> locate(const AnyRef& actor);
+  /// The ref to what locate() gave (a proxy, or the local actor itself).
+  Result<AnyRef> ref_at(const std::string& address, uint64_t id);
   /// Registers `size` bytes at `data` for reads and writes by other
   /// processes through the registration's handle (see remote_buffer.h).
   /// The memory must outlive the registration.

@@ -193,26 +193,30 @@ bool decode_ref(codec::Reader& r, CellPtr* out) {
   return true;
 }
 
-void Node::encode_ref(codec::Writer& w, CellControl* cell) {
+Result<std::pair<std::string, uint64_t>> Node::locate(CellControl* cell) {
   Cell* c = cell_of(cell);
-  if (c->is_remote()) {
-    codec::write(w, c->remote_address());
-    codec::write(w, c->remote_id());
-    return;
-  }
+  if (c->is_remote()) return std::make_pair(c->remote_address(), c->remote_id());
   if (address_.empty()) {
-    TROUPE_LOG(warn, "event=ref_not_exported actor={} reason=\"this runtime does not listen; set "
-               "RuntimeConfig::listen so that peers can reach actors it sends\"", c->path());
-    codec::write(w, std::string());
-    codec::write(w, uint64_t{0});
-    return;
+    return error(ErrorCode::invalid_argument, "actor " + c->path() + " cannot be reached from other processes: " +
+                                                  "its runtime does not listen (set RuntimeConfig::listen)");
   }
   {
     std::lock_guard<std::mutex> lock(mu_);
     exports_.emplace(c->id(), caf::weak_actor_ptr(caf::actor_control_block::from(c)));
   }
-  codec::write(w, address_);
-  codec::write(w, c->id());
+  return std::make_pair(address_, c->id());
+}
+
+void Node::encode_ref(codec::Writer& w, CellControl* cell) {
+  auto where = locate(cell);
+  if (!where) {
+    TROUPE_LOG(warn, "event=ref_not_exported reason=\"{}\"", where.error().message());
+    codec::write(w, std::string());
+    codec::write(w, uint64_t{0});
+    return;
+  }
+  codec::write(w, where->first);
+  codec::write(w, where->second);
 }
 
 bool Node::ref_for(const std::string& address, uint64_t id, CellPtr* out, std::string* problem) {
@@ -415,7 +419,16 @@ CellPtr Node::proxy_for(const std::string& address, uint64_t id) {
     proxies_[key] = caf::weak_actor_ptr(reinterpret_cast<caf::actor_control_block*>(cell.get()));
     if (auto it = by_address_.find(address); it != by_address_.end()) peer = it->second;
   }
-  // Learn when the remote actor stops: its node answers with Down.
+  // Learn when the remote actor stops: its node answers with Down. A ref
+  // that came from a third node may name a node we have no connection to
+  // yet: connect (the request waits behind the handshake).
+  if (!peer) {
+    Status why;
+    peer = peer_for(address, &why);
+    if (!peer) {
+      TROUPE_LOG(warn, "event=monitor_request_failed address={} actor={} reason=\"{}\"", address, id, why.message());
+    }
+  }
   if (peer) (void)send_frame(*peer, wire::MonitorRequest{id}, {});
   return cell;
 }

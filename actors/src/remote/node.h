@@ -88,6 +88,9 @@ class Node : public std::enable_shared_from_this<Node> {
 
   /// Ref encoding (codec): export a local cell / resolve an address + id.
   void encode_ref(codec::Writer& w, CellControl* cell);
+  /// Where a cell is reachable from other processes (what encode_ref
+  /// writes); exports a local one.
+  Result<std::pair<std::string, uint64_t>> locate(CellControl* cell);
   /// The cell for actor `id` at `address`: local when it is this node's,
   /// else a proxy. False (with `error` set) for a bad address.
   bool ref_for(const std::string& address, uint64_t id, CellPtr* out, std::string* error);

@@ -79,14 +79,26 @@ struct JobInfo {
   TROUPE_FIELDS(id, command, node, state, exit_code, message, submitted_ms, ended_ms);
 };
 
+/// An entry of the head's directory of named actors.
+struct NamedActor {
+  std::string ns;
+  std::string name;
+  /// Where the actor is (Runtime::locate).
+  std::string address;
+  uint64_t id = 0;
+
+  TROUPE_FIELDS(ns, name, address, id);
+};
+
 /// What `troupe status` shows.
 struct ClusterStatus {
   std::string head_address;
   std::vector<NodeInfo> nodes;
   std::vector<PlacementGroupInfo> placement_groups;
   std::vector<JobInfo> jobs;
+  std::vector<NamedActor> named_actors;
 
-  TROUPE_FIELDS(head_address, nodes, placement_groups, jobs);
+  TROUPE_FIELDS(head_address, nodes, placement_groups, jobs, named_actors);
 };
 
 /// A driver's handle on a running cluster. Cheap to copy; the Runtime it
@@ -141,6 +153,28 @@ class ClusterClient {
                                std::chrono::milliseconds timeout = std::chrono::seconds(10)) const;
   /// Stops a job: SIGTERM to its process group, SIGKILL after 5 s.
   Status stop_job(const std::string& id, std::chrono::milliseconds timeout = std::chrono::seconds(10)) const;
+
+  /// Names `actor` `name` in namespace `ns` unless a running actor holds the
+  /// name already, and returns the holder: get-or-create, so that of many
+  /// callers racing for a name the first wins and all get the same actor.
+  /// A named actor leaves the directory when it stops (or its process
+  /// dies); the directory survives a head restart. The actor's runtime must
+  /// listen (RuntimeConfig::listen).
+  Result<AnyRef> register_name(const AnyRef& actor, const std::string& name, const std::string& ns = "default",
+                               std::chrono::milliseconds timeout = std::chrono::seconds(10)) const;
+  /// The actor named `name` in `ns` (not_found when there is none).
+  Result<AnyRef> get_actor(const std::string& name, const std::string& ns = "default",
+                           std::chrono::milliseconds timeout = std::chrono::seconds(10)) const;
+  /// Typed: the remote actor's class is not checked (like Runtime::resolve).
+  template <class A>
+  Result<ActorRef<A>> get_actor_as(const std::string& name, const std::string& ns = "default") const {
+    auto any = get_actor(name, ns);
+    if (!any) return error(any.error());
+    return ActorRef<A>(detail::CellPtr(any->cell()));
+  }
+  /// Frees a name (no error when it is free already).
+  Status unregister_name(const std::string& name, const std::string& ns = "default",
+                         std::chrono::milliseconds timeout = std::chrono::seconds(10)) const;
 
   /// The head's address.
   const std::string& address() const;

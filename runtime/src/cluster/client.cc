@@ -152,3 +152,30 @@ Status ClusterClient::stop_job(const std::string& id, std::chrono::milliseconds 
 }
 
 }  // namespace troupe
+
+namespace troupe {
+
+Result<AnyRef> ClusterClient::register_name(const AnyRef& actor, const std::string& name, const std::string& ns,
+                                            std::chrono::milliseconds timeout) const {
+  auto where = state_->rt->locate(actor);
+  if (!where) return error(where.error());
+  auto holder = call<NamedActor>(cluster::RegisterName{NamedActor{ns, name, where->first, where->second}}, timeout);
+  if (!holder) return error(holder.error());
+  if (holder->address == where->first && holder->id == where->second) return actor;
+  return state_->rt->ref_at(holder->address, holder->id);
+}
+
+Result<AnyRef> ClusterClient::get_actor(const std::string& name, const std::string& ns,
+                                        std::chrono::milliseconds timeout) const {
+  auto holder = call<NamedActor>(cluster::LookupName{ns, name}, timeout);
+  if (!holder) return error(holder.error());
+  return state_->rt->ref_at(holder->address, holder->id);
+}
+
+Status ClusterClient::unregister_name(const std::string& name, const std::string& ns,
+                                      std::chrono::milliseconds timeout) const {
+  auto r = call<void>(cluster::UnregisterName{ns, name}, timeout);
+  return r ? Status() : r.error();
+}
+
+}  // namespace troupe

@@ -48,6 +48,7 @@ Status run_head(const HeadOptions& options, const ReadyFn& ready, const WaitFn& 
   }
   HeadConfig config = options.config;
   config.address = rt.address();
+  config.ref_at = [&rt](const std::string& address, uint64_t id) { return rt.ref_at(address, id); };
   auto head = rt.spawn<HeadActor>(std::shared_ptr<Store>(std::move(*store)), config);
   if (Status s = rt.publish(kHeadName, head); !s.ok()) return s;
   TROUPE_LOG(info, "event=head_started address={} data_dir={}", rt.address(), options.data_dir.string());

@@ -63,6 +63,22 @@ struct GetClusterStatus {
   TROUPE_MESSAGE_NAMED(GetClusterStatus, "troupe.GetClusterStatus");
 };
 
+/// The directory of named actors.
+struct RegisterName {
+  NamedActor entry;
+  TROUPE_MESSAGE_NAMED(RegisterName, "troupe.RegisterName", entry);
+};
+struct LookupName {
+  std::string ns;
+  std::string name;
+  TROUPE_MESSAGE_NAMED(LookupName, "troupe.LookupName", ns, name);
+};
+struct UnregisterName {
+  std::string ns;
+  std::string name;
+  TROUPE_MESSAGE_NAMED(UnregisterName, "troupe.UnregisterName", ns, name);
+};
+
 /// Jobs. Driver -> head -> agent, and the agent's report back.
 struct SubmitJob {
   std::vector<std::string> command;

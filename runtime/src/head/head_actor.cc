@@ -117,6 +117,12 @@ void HeadActor::load() {
   } else {
     TROUPE_LOG(err, "event=store_read_failed kind=pg reason=\"{}\"", groups.error().message());
   }
+  if (auto names = store_->all("name")) {
+    for (auto& [key, body] : *names) {
+      auto entry = codec::decode<NamedActor>(body);
+      if (!entry || !add_name(*entry).ok()) (void)store_->erase("name", key);  // its actor is gone
+    }
+  }
   if (auto jobs = store_->all("job")) {
     for (auto& [id, body] : *jobs) {
       if (auto j = codec::decode<JobInfo>(body)) jobs_.emplace(id, std::move(*j));
@@ -242,7 +248,55 @@ ClusterStatus HeadActor::handle(const GetClusterStatus&) {
   }
   for (auto& [id, g] : groups_) st.placement_groups.push_back(g.info);
   for (auto& [id, j] : jobs_) st.jobs.push_back(j);
+  for (auto& [key, n] : names_) st.named_actors.push_back(n.entry);
   return st;
+}
+
+Status HeadActor::add_name(const NamedActor& entry) {
+  if (!config_.ref_at) return Status(ErrorCode::unsupported, "names: this head cannot reach actors");
+  auto ref = config_.ref_at(entry.address, entry.id);
+  if (!ref) return ref.error();
+  std::string key = entry.ns + "/" + entry.name;
+  Named& n = names_[key];
+  n.entry = entry;
+  n.monitor = monitor(*ref, [this, key, entry](const Down&) {
+    auto it = names_.find(key);
+    if (it == names_.end() || it->second.entry.address != entry.address || it->second.entry.id != entry.id) return;
+    names_.erase(it);
+    (void)store_->erase("name", key);
+    TROUPE_LOG(info, "event=name_freed ns={} name={} reason=\"its actor stopped\"", entry.ns, entry.name);
+  });
+  return {};
+}
+
+Result<NamedActor> HeadActor::handle(const RegisterName& m) {
+  if (m.entry.name.empty()) return error(ErrorCode::invalid_argument, "names: empty name");
+  std::string key = m.entry.ns + "/" + m.entry.name;
+  if (auto it = names_.find(key); it != names_.end()) return it->second.entry;  // the first one won
+  if (Status s = store_->put("name", key, codec::encode(m.entry)); !s.ok()) return error(s);
+  if (Status s = add_name(m.entry); !s.ok()) {
+    (void)store_->erase("name", key);
+    return error(s);
+  }
+  return m.entry;
+}
+
+Result<NamedActor> HeadActor::handle(const LookupName& m) {
+  auto it = names_.find(m.ns + "/" + m.name);
+  if (it == names_.end()) {
+    return error(ErrorCode::not_found, "names: no actor is named '" + m.name + "' in namespace '" + m.ns + "'");
+  }
+  return it->second.entry;
+}
+
+Result<void> HeadActor::handle(const UnregisterName& m) {
+  std::string key = m.ns + "/" + m.name;
+  auto it = names_.find(key);
+  if (it == names_.end()) return {};
+  if (Status s = store_->erase("name", key); !s.ok()) return error(s);
+  if (it->second.monitor != 0) demonitor(it->second.monitor);
+  names_.erase(it);
+  return {};
 }
 
 HeadActor::Node* HeadActor::node_for_job(const std::string& wanted, std::string* why) {

@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -27,11 +28,13 @@ struct HeadConfig {
   std::chrono::milliseconds dead_after{2000};
   /// The head's own address, for status.
   std::string address;
+  /// Turns a directory entry's location into a ref (Runtime::ref_at).
+  std::function<Result<AnyRef>(const std::string& address, uint64_t id)> ref_at;
 };
 
 class HeadActor : public Actor<HeadActor, RegisterNode, NodeHeartbeat, CreatePlacementGroup, WaitPlacementGroup,
                                RemovePlacementGroup, GetClusterStatus, SubmitJob, GetJob, ReadJobLog, StopJob,
-                               JobEnded> {
+                               JobEnded, RegisterName, LookupName, UnregisterName> {
  public:
   HeadActor(std::shared_ptr<Store> store, HeadConfig config);
 
@@ -48,6 +51,9 @@ class HeadActor : public Actor<HeadActor, RegisterNode, NodeHeartbeat, CreatePla
   Deferred<std::string> handle(const ReadJobLog& m);
   Deferred<void> handle(const StopJob& m);
   void handle(const JobEnded& m);
+  Result<NamedActor> handle(const RegisterName& m);
+  Result<NamedActor> handle(const LookupName& m);
+  Result<void> handle(const UnregisterName& m);
 
  private:
   struct Node {
@@ -79,6 +85,8 @@ class HeadActor : public Actor<HeadActor, RegisterNode, NodeHeartbeat, CreatePla
   /// The alive node that runs a job: `wanted`, or the next one in turn.
   Node* node_for_job(const std::string& wanted, std::string* why);
   Status persist_job(const JobInfo& j);
+  /// Adds a name (watching its actor); false when its actor is unreachable.
+  Status add_name(const NamedActor& entry);
 
   std::shared_ptr<Store> store_;
   HeadConfig config_;
@@ -91,6 +99,11 @@ class HeadActor : public Actor<HeadActor, RegisterNode, NodeHeartbeat, CreatePla
   /// the front (Ray reschedules lost bundles before placing new groups).
   std::vector<std::string> pending_;
   std::map<std::string, JobInfo> jobs_;
+  struct Named {
+    NamedActor entry;
+    MonitorId monitor = 0;
+  };
+  std::map<std::string, Named> names_;  // "ns/name"
   size_t next_job_node_ = 0;
 };
 
