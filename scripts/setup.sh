@@ -12,8 +12,8 @@ packages=(
   libcaf-dev libucx-dev ucx-utils capnproto libcapnp-dev catch2 libfmt-dev libspdlog-dev
   # the cluster: the head's durable state, the command line, its JSON output
   libsqlite3-dev libcli11-dev nlohmann-json3-dev
-  # tests: two hosts on one machine (network namespaces)
-  iproute2
+  # tests: two hosts on one machine (network namespaces), process checks
+  iproute2 procps
 )
 
 missing=()

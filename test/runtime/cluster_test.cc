@@ -255,7 +255,7 @@ TEST_CASE("cluster: a node whose CPUs are saturated is not declared dead", "[clu
   bool ever_dead = false;
   while (Clock::now() < until) {
     if (auto st = cluster.status(); st && find_node(*st, "a1")->state != "alive") ever_dead = true;
-    std::this_thread::sleep_for(100ms);
+    std::this_thread::sleep_for(100ms);  // sampling the head's view during the load
   }
   for (pid_t p : burners) {
     kill(p, SIGKILL);
@@ -358,7 +358,7 @@ TEST_CASE("cluster: while the head is down, creating a group waits for it, bound
   // Waiting: a head that comes back within the timeout takes the request.
   troupe::Result<std::string> made = troupe::error(ErrorCode::timeout, "not yet");
   std::thread creator([&] { made = cluster.create_placement_group(spread(2), 20s); });
-  std::this_thread::sleep_for(300ms);  // the head stays down a while
+  std::this_thread::sleep_for(300ms);  // keeps the head down while the call retries (not a synchronisation)
   local.head_process = head(local.home, port);
   creator.join();
   REQUIRE(made.has_value());
@@ -373,10 +373,19 @@ TEST_CASE("cluster: a job that ends while the head is down is known to the resta
   LocalCluster local(1);
   std::string address = local.head_process->address();
   std::string port = address.substr(address.rfind(':') + 1);
-  auto id = local.cluster.submit_job({"sh", "-c", "sleep 0.3; exit 7"});
+  // A marker in its command line, to see from here when its process is gone.
+  std::string marker = "troupe-test-job-" + std::to_string(getpid());
+  auto id = local.cluster.submit_job({"sh", "-c", "sleep 0.3; exit 7", marker});
   REQUIRE(id.has_value());
   local.head_process->kill9();
-  std::this_thread::sleep_for(600ms);  // the job ends meanwhile, with no head to tell
+  // The job ends with no head to tell: wait until its process has gone.
+  bool ended = false;
+  for (int i = 0; i < 500 && !ended; ++i) {
+    // "[t]" keeps pgrep from finding the shell that runs it.
+    ended = troupe::test::run_command("pgrep -f '[t]" + marker.substr(1) + "'").first != 0;
+    if (!ended) std::this_thread::sleep_for(20ms);  // polling another process
+  }
+  REQUIRE(ended);
   local.head_process = head(local.home, port);
   bool told = false;
   for (int i = 0; i < 250 && !told; ++i) {

@@ -42,19 +42,16 @@ class ProgressGate {
     return progress();
   }
 
-  /// A thread starts calling try_poll in a loop.
-  void begin_spin() {
-    std::lock_guard<std::mutex> lock(mu_);
-    ++spinners_;
-    last_poll_ns_.store(now_ns(), std::memory_order_relaxed);
-  }
-  /// It stops. `idle`: it found nothing to do and goes to sleep, so the
+  /// A thread starts (`on`) or stops calling try_poll in a loop. On
+  /// stopping, `idle`: it found nothing to do and goes to sleep, so the
   /// transport's thread takes over now; otherwise (it left to run work) the
-  /// watchdog decides.
-  void end_spin(bool idle) {
+  /// watchdog decides. (Transport::spin.)
+  void spin(bool on, bool idle) {
     std::lock_guard<std::mutex> lock(mu_);
     last_poll_ns_.store(now_ns(), std::memory_order_relaxed);
-    if (--spinners_ == 0 && idle) {
+    if (on) {
+      ++spinners_;
+    } else if (--spinners_ == 0 && idle) {
       handover_ = true;
       cv_.notify_one();
     }

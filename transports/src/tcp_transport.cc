@@ -182,13 +182,7 @@ class TcpTransport final : public Transport {
     done(Status(ErrorCode::unsupported, "tcp: no one-sided access (the node emulates it with frames)"));
   }
 
-  void spin(bool on, bool idle) override {
-    if (on) {
-      gate_.begin_spin();
-    } else {
-      gate_.end_spin(idle);
-    }
-  }
+  void spin(bool on, bool idle) override { gate_.spin(on, idle); }
 
   void stop() override {
     if (stopping_.exchange(true)) return;

@@ -576,13 +576,7 @@ class UcxTransport final : public Transport {
     return gate_.try_poll([this] { return progress_locked(); });
   }
 
-  void spin(bool on, bool idle) override {
-    if (on) {
-      gate_.begin_spin();
-    } else {
-      gate_.end_spin(idle);
-    }
-  }
+  void spin(bool on, bool idle) override { gate_.spin(on, idle); }
 
   void stop() override {
     if (stopping_.exchange(true)) return;
