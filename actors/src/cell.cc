@@ -154,7 +154,8 @@ Cell::Cell(caf::actor_config& cfg, RuntimeImpl* rt, SpawnSpec spec, CellPtr pare
       // Large bounds tolerate a little slack; small ones are exact.
       dequeue_mask_(bound_ >= 4096 ? 63 : 0),
       first_start_seq_(start_seq),
-      start_reply_(std::move(start_reply)) {}
+      start_reply_(std::move(start_reply)),
+      snapshot_(spec_.snapshot) {}
 
 Cell::~Cell() = default;
 
@@ -682,7 +683,9 @@ void Cell::take_snapshot() {
   since_snapshot_ = 0;
   if (!instance_) return;
   std::optional<std::string> s = instance_->snapshot();
-  if (s) snapshot_ = std::move(s);
+  if (!s) return;
+  if (spec_.on_snapshot) spec_.on_snapshot(*s);
+  snapshot_ = std::move(s);
 }
 
 // -- the ActorBase context API -------------------------------------------------
@@ -694,6 +697,7 @@ ReplyRef take_current_reply(Cell* cell) { return cell->take_current_reply(); }
 void retain(CellControl* c) noexcept { caf::intrusive_ptr_add_ref(reinterpret_cast<caf::actor_control_block*>(c)); }
 void release(CellControl* c) noexcept { caf::intrusive_ptr_release(reinterpret_cast<caf::actor_control_block*>(c)); }
 uint64_t cell_id(CellControl* c) { return cell_of(c)->id(); }
+bool cell_dead(CellControl* c) { return cell_of(c)->dead(); }
 std::string cell_path(CellControl* c) { return cell_of(c)->path(); }
 TypeKey cell_actor_type(CellControl* c) { return cell_of(c)->actor_type(); }
 std::chrono::milliseconds default_ask_timeout(CellControl* c) {

@@ -410,4 +410,8 @@ Result<AnyRef> Runtime::ref_at(const std::string& address, uint64_t id) {
 }
 const RuntimeConfig& Runtime::config() const { return impl_->config(); }
 
+namespace detail {
+CellPtr spawn_from_spec(Runtime& rt, SpawnSpec spec) { return spawn_in(rt.impl_.get(), std::move(spec)); }
+}  // namespace detail
+
 }  // namespace troupe

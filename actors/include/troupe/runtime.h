@@ -21,6 +21,13 @@
 
 namespace troupe {
 
+class Runtime;
+namespace detail {
+/// Spawns an unsupervised actor from a prepared spec (cluster workers build
+/// specs from encoded constructor arguments).
+CellPtr spawn_from_spec(Runtime& rt, SpawnSpec spec);
+}  // namespace detail
+
 /// How a Runtime is set up. Every field has a working default.
 struct RuntimeConfig {
   /// Scheduler threads; 0 means one per core.
@@ -154,6 +161,7 @@ class Runtime {
   const RuntimeConfig& config() const;
 
  private:
+  friend detail::CellPtr detail::spawn_from_spec(Runtime& rt, detail::SpawnSpec spec);
   std::unique_ptr<detail::RuntimeImpl> impl_;
 };
 

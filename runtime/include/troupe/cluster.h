@@ -14,10 +14,12 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "troupe/actor_ref.h"
 #include "troupe/codec.h"
+#include "troupe/detail/actor_class.h"
 #include "troupe/future.h"
 #include "troupe/placement.h"
 #include "troupe/runtime.h"
@@ -90,6 +92,66 @@ struct NamedActor {
   TROUPE_FIELDS(ns, name, address, id);
 };
 
+/// How an actor is placed and kept on a cluster (ClusterClient::spawn).
+struct ActorOptions {
+  /// A name in namespace `ns`: get-or-create (spawning a name that a running
+  /// actor holds returns that actor); the name is freed when it stops for
+  /// good. Empty: anonymous.
+  std::string name{};
+  std::string ns = "default";
+  /// What it holds while it exists ({"CPU", 1}, {"GPU", 1}, custom names).
+  /// None by default: it may go to any node (Ray's actors hold 0 CPU once
+  /// placed, too).
+  ResourceMap resources{};
+  /// Run inside this placement group (its id), in bundle `bundle` (-1: the
+  /// first bundle with room); the resources come out of the bundle's.
+  std::string placement_group{};
+  int bundle = -1;
+  /// Only on nodes whose labels match ("rack=r1", see placement.h).
+  LabelSelector label_selector{};
+  /// Restarts after a crash or the loss of its process or node, with the
+  /// state of its last snapshot: 0 none, -1 without limit.
+  int max_restarts = 0;
+  /// Detached actors live until stopped (or their group is removed); the
+  /// others stop when the driver that spawned them (its runtime) goes.
+  bool detached = false;
+  /// Take a snapshot after every N messages (0: at checkpoint() and graceful
+  /// stops only). Snapshots are kept by the head, so a restart on another
+  /// node starts from the last one.
+  uint32_t snapshot_every = 0;
+  /// Mailbox bound (0: the worker's default).
+  uint64_t mailbox_bound = 0;
+  /// A worker process of its own instead of the node's shared worker for
+  /// this program (crash isolation, at the price of a process start).
+  bool dedicated_process = false;
+
+  TROUPE_FIELDS(name, ns, resources, placement_group, bundle, label_selector, max_restarts, detached,
+                snapshot_every, mailbox_bound, dedicated_process);
+};
+
+/// An actor of the cluster as the head sees it.
+struct ActorInfo {
+  /// The cluster's id for it, stable across restarts.
+  std::string id;
+  /// Its C++ class and constructor argument types.
+  std::string class_name;
+  /// "pending" (waiting for a place: see reason), "starting", "alive",
+  /// "restarting" or "dead" (see reason).
+  std::string state;
+  std::string reason;
+  /// Where its current incarnation runs: node, worker process, and the
+  /// location a ref is made from (Runtime::ref_at).
+  std::string node;
+  std::string worker;
+  std::string address;
+  uint64_t ref_id = 0;
+  /// Restarts so far.
+  uint32_t restarts = 0;
+  ActorOptions options;
+
+  TROUPE_FIELDS(id, class_name, state, reason, node, worker, address, ref_id, restarts, options);
+};
+
 /// What `troupe status` shows.
 struct ClusterStatus {
   std::string head_address;
@@ -97,8 +159,9 @@ struct ClusterStatus {
   std::vector<PlacementGroupInfo> placement_groups;
   std::vector<JobInfo> jobs;
   std::vector<NamedActor> named_actors;
+  std::vector<ActorInfo> actors;
 
-  TROUPE_FIELDS(head_address, nodes, placement_groups, jobs, named_actors);
+  TROUPE_FIELDS(head_address, nodes, placement_groups, jobs, named_actors, actors);
 };
 
 /// A driver's handle on a running cluster. Cheap to copy; the Runtime it
@@ -176,6 +239,64 @@ class ClusterClient {
   Status unregister_name(const std::string& name, const std::string& ns = "default",
                          std::chrono::milliseconds timeout = std::chrono::seconds(10)) const;
 
+  /// How long spawn() waits for an actor to be alive (it may wait for
+  /// resources, a placement group, a worker process to start).
+  static constexpr std::chrono::milliseconds kSpawnTimeout{60'000};
+
+  /// Creates an actor of class A on the cluster, placed by `options`, built
+  /// from `args` in a worker process (this program's executable, started by
+  /// the node's agent: see troupe/worker.h), and returns a ref once it is
+  /// alive. With a name, get-or-create: a running actor with that name is
+  /// returned instead (then `args` are unused). The constructor arguments
+  /// must be encodable (numbers, strings, containers, TROUPE_FIELDS structs).
+  /// A ref is to one incarnation: after a restart, get the new one with
+  /// actor(id, wait) and ref_to(), or by name with get_actor.
+  template <class A, class... Args>
+  Result<ActorRef<A>> spawn(const ActorOptions& options, Args&&... args) const {
+    auto info = spawn_info<A>(options, std::forward<Args>(args)...);
+    if (!info) return error(info.error());
+    return ref_to<A>(*info);
+  }
+  /// Like spawn(), answering with the actor's record (its id, for actor()).
+  template <class A, class... Args>
+  Result<ActorInfo> spawn_info(const ActorOptions& options, Args&&... args) const {
+    using Class = detail::ActorClass<A, detail::wire_arg_t<Args>...>;
+    (void)Class::registered;  // registers the class in every process of this program
+    return spawn_encoded(Class::key(),
+                         codec::encode(std::tuple<detail::wire_arg_t<Args>...>(std::forward<Args>(args)...)), options,
+                         /*idempotent=*/true);
+  }
+  /// Without waiting: many spawns in flight at once (as Ray's .remote()).
+  template <class A, class... Args>
+  Future<ActorInfo> spawn_async(const ActorOptions& options, Args&&... args) const {
+    using Class = detail::ActorClass<A, detail::wire_arg_t<Args>...>;
+    (void)Class::registered;
+    return spawn_encoded_async(Class::key(),
+                               codec::encode(std::tuple<detail::wire_arg_t<Args>...>(std::forward<Args>(args)...)),
+                               options);
+  }
+  /// A ref to the incarnation `info` describes.
+  template <class A>
+  Result<ActorRef<A>> ref_to(const ActorInfo& info) const {
+    auto any = ref_to_any(info);
+    if (!any) return error(any.error());
+    return ActorRef<A>(detail::CellPtr(any->cell()));
+  }
+  Result<AnyRef> ref_to_any(const ActorInfo& info) const;
+  /// An actor of the cluster by id. With `wait_alive` > 0, waits up to that
+  /// long for it to be alive (after a crash, while it restarts); fails with
+  /// actor_dead once it is dead for good.
+  Result<ActorInfo> actor(const std::string& id, std::chrono::milliseconds wait_alive = {},
+                          std::chrono::milliseconds timeout = std::chrono::seconds(10)) const;
+  /// The same by name.
+  Result<ActorInfo> actor_named(const std::string& name, const std::string& ns = "default",
+                                std::chrono::milliseconds wait_alive = {},
+                                std::chrono::milliseconds timeout = std::chrono::seconds(10)) const;
+  /// Every actor the cluster has (and the last dead ones).
+  Result<std::vector<ActorInfo>> list_actors(std::chrono::milliseconds timeout = std::chrono::seconds(10)) const;
+  /// Stops an actor for good, whatever its max_restarts.
+  Status kill_actor(const std::string& id, std::chrono::milliseconds timeout = std::chrono::seconds(10)) const;
+
   /// The head's address.
   const std::string& address() const;
 
@@ -186,6 +307,10 @@ class ClusterClient {
  private:
   template <class R, class M>
   Result<R> call(const M& msg, std::chrono::milliseconds timeout, bool idempotent = true) const;
+  Result<ActorInfo> spawn_encoded(const std::string& class_key, std::string args, const ActorOptions& options,
+                                  bool idempotent) const;
+  Future<ActorInfo> spawn_encoded_async(const std::string& class_key, std::string args,
+                                        const ActorOptions& options) const;
 
   std::shared_ptr<State> state_;
 };

@@ -8,94 +8,50 @@
 #include <cerrno>
 #include <cstring>
 #include <fstream>
+#include <functional>
 
+#include "agent/process.h"
 #include "log.h"
-
-extern char** environ;
 
 namespace troupe::cluster {
 
-AgentActor::AgentActor(std::string node_id, std::filesystem::path log_dir)
-    : node_id_(std::move(node_id)), log_dir_(std::move(log_dir)) {}
+AgentActor::AgentActor(std::string node_id, std::filesystem::path log_dir, std::string address)
+    : node_id_(std::move(node_id)), log_dir_(std::move(log_dir)), address_(std::move(address)) {}
 
-std::filesystem::path AgentActor::log_of(const std::string& id) const {
+std::filesystem::path AgentActor::log_of(const char* prefix, const std::string& id) const {
   // Ids come from the head; keep them to a file name's characters anyway.
   std::string safe;
   for (char c : id) safe += std::isalnum(static_cast<unsigned char>(c)) || c == '-' ? c : '_';
-  return log_dir_ / ("job-" + safe + ".log");
+  return log_dir_ / (prefix + safe + ".log");
 }
+
+namespace {
+/// Waits for `pid` on a thread of its own (waitpid blocks) and calls `then`
+/// with its status: a dead child is noticed at once.
+std::thread wait_in_thread(pid_t pid, std::function<void(int)> then) {
+  return std::thread([pid, then = std::move(then)] {
+    int status = 0;
+    while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+    }
+    then(status);
+  });
+}
+}  // namespace
 
 Result<void> AgentActor::handle(const RunJob& m) {
   if (m.command.empty()) return error(ErrorCode::invalid_argument, "job: empty command");
   if (jobs_.count(m.id)) return error(ErrorCode::already_exists, "job " + m.id + " already runs here");
-  std::error_code ec;
-  std::filesystem::create_directories(log_dir_, ec);
-  std::filesystem::path log = log_of(m.id);
-  int out = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (out < 0) return error(ErrorCode::storage, "job: cannot write its log " + log.string() + ": " + std::strerror(errno));
-  // Everything the child needs is built before fork: after it, only
-  // async-signal-safe calls until exec.
-  std::vector<std::string> env_strings;
-  for (char** e = environ; *e != nullptr; ++e) env_strings.emplace_back(*e);
-  for (auto& kv : m.env) env_strings.push_back(kv);
-  std::vector<char*> envp, argv;
-  for (auto& e : env_strings) envp.push_back(e.data());
-  envp.push_back(nullptr);
-  std::vector<std::string> args = m.command;
-  for (auto& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  int failed[2];  // the child's errno if exec fails; closed by a successful exec
-  if (pipe2(failed, O_CLOEXEC) != 0) {
-    ::close(out);
-    return error(ErrorCode::storage, std::string("job: pipe: ") + std::strerror(errno));
-  }
-  pid_t pid = fork();
-  if (pid < 0) {
-    ::close(out);
-    ::close(failed[0]);
-    ::close(failed[1]);
-    return error(ErrorCode::storage, std::string("job: fork: ") + std::strerror(errno));
-  }
-  if (pid == 0) {
-    setpgid(0, 0);  // its own group: a stop reaches everything it started
-    // The agent blocks SIGTERM/SIGINT for its own signal thread; a job must
-    // not inherit that (or a stop would never reach it).
-    sigset_t none;
-    sigemptyset(&none);
-    sigprocmask(SIG_SETMASK, &none, nullptr);
-    signal(SIGPIPE, SIG_DFL);
-    int in = ::open("/dev/null", O_RDONLY);
-    dup2(in, 0);
-    dup2(out, 1);
-    dup2(out, 2);
-    execvpe(argv[0], argv.data(), envp.data());
-    int err = errno;
-    (void)!write(failed[1], &err, sizeof(err));
-    _exit(127);
-  }
-  ::close(out);
-  ::close(failed[1]);
-  int err = 0;
-  ssize_t got = read(failed[0], &err, sizeof(err));
-  ::close(failed[0]);
-  if (got == sizeof(err)) {
-    waitpid(pid, nullptr, 0);
-    return error(ErrorCode::invalid_argument,
-                 "job: cannot run '" + m.command[0] + "': " + std::strerror(err) + " (is it on the node's PATH?)");
-  }
+  std::filesystem::path log = log_of("job-", m.id);
+  auto pid = start_process(ProcessSpec{m.command, m.env, log, /*die_with_agent=*/false});
+  if (!pid) return error(pid.error().code(), "job: " + pid.error().message());
   Job& job = jobs_[m.id];
-  job.pid = pid;
+  job.pid = *pid;
   job.report_to = m.report_to;
   job.log = log;
   AnyRef me = self();
   std::string id = m.id;
-  job.waiter = std::thread([pid, me, id] {
-    int status = 0;
-    while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-    }
-    (void)me.tell(JobExited{id, status});
-  });
-  TROUPE_LOG(info, "event=job_started job={} pid={} command=\"{}\"", m.id, pid, m.command[0]);
+  job.waiter = wait_in_thread(*pid, [me, id](int status) { (void)me.tell(JobExited{id, status}); });
+  TROUPE_LOG(info, "event=job_started job={} pid={} command=\"{}\"", m.id, *pid, m.command[0]);
   return {};
 }
 
@@ -105,7 +61,7 @@ void AgentActor::handle(const JobExited& m) {
   Job& job = it->second;
   if (job.waiter.joinable()) job.waiter.join();
   job.running = false;
-  int code = WIFEXITED(m.status) ? WEXITSTATUS(m.status) : WIFSIGNALED(m.status) ? -WTERMSIG(m.status) : -1;
+  int code = exit_code_of(m.status);
   TROUPE_LOG(info, "event=job_ended job={} exit_code={} stopped={}", m.id, code, job.stop_requested);
   JobEnded ended{m.id, code, job.stop_requested};
   // To the head that started it, or (it restarted since) the one now.
@@ -123,7 +79,7 @@ void AgentActor::handle(const HeadChanged& m) {
 }
 
 Result<std::string> AgentActor::handle(const ReadJobLog& m) {
-  std::filesystem::path log = log_of(m.id);
+  std::filesystem::path log = log_of("job-", m.id);
   std::ifstream f(log, std::ios::binary);
   if (!f) return error(ErrorCode::not_found, "job " + m.id + ": no log on node " + node_id_);
   f.seekg(0, std::ios::end);
@@ -152,10 +108,90 @@ Result<void> AgentActor::handle(const StopJob& m) {
   return {};
 }
 
+Deferred<WorkerStarted> AgentActor::handle(const StartWorker& m) {
+  auto reply = defer<WorkerStarted>();
+  if (workers_.count(m.worker_id)) {
+    reply.fail(Status(ErrorCode::already_exists, "worker " + m.worker_id + " already runs on node " + node_id_));
+    return reply;
+  }
+  // The worker listens on the agent's host, any port.
+  std::string listen = address_;
+  if (auto colon = listen.rfind(':'); colon != std::string::npos) listen = listen.substr(0, colon) + ":0";
+  std::filesystem::path log = log_of("worker-", m.worker_id);
+  auto pid = start_process(ProcessSpec{{m.executable},
+                                       {std::string(kWorkerIdEnv) + "=" + m.worker_id,
+                                        std::string(kWorkerAgentEnv) + "=" + address_,
+                                        std::string(kWorkerListenEnv) + "=" + listen},
+                                       log,
+                                       /*die_with_agent=*/true});
+  if (!pid) {
+    reply.fail(Status(pid.error().code(), "worker: " + pid.error().message()));
+    return reply;
+  }
+  Worker& w = workers_[m.worker_id];
+  w.pid = *pid;
+  w.log = log;
+  w.starting = reply;
+  AnyRef me = self();
+  std::string id = m.worker_id;
+  w.waiter = wait_in_thread(*pid, [me, id](int status) { (void)me.tell(WorkerGone{id, status}); });
+  // A program that never calls troupe::serve_if_worker() (nor connects to
+  // the cluster) runs as a driver instead: say so rather than wait forever.
+  after(kWorkerStartTimeout, [this, id] {
+    auto it = workers_.find(id);
+    if (it == workers_.end() || !it->second.starting.pending()) return;
+    it->second.starting.fail(Status(
+        ErrorCode::timeout, "worker " + id + " did not report ready within " +
+                                std::to_string(kWorkerStartTimeout.count()) +
+                                " ms: does the program call troupe::serve_if_worker() first in main()? (its output: " +
+                                it->second.log.string() + ")"));
+    ::kill(-it->second.pid, SIGKILL);
+  });
+  TROUPE_LOG(info, "event=worker_starting worker={} pid={} executable={}", m.worker_id, *pid, m.executable);
+  return reply;
+}
+
+void AgentActor::handle(const WorkerReady& m) {
+  auto it = workers_.find(m.worker_id);
+  if (it == workers_.end()) return;
+  it->second.ref = m.worker;
+  if (it->second.starting.pending()) it->second.starting.complete(WorkerStarted{m.where, it->second.pid});
+}
+
+void AgentActor::handle(const WorkerGone& m) {
+  auto it = workers_.find(m.id);
+  if (it == workers_.end()) return;
+  Worker& w = it->second;
+  if (w.waiter.joinable()) w.waiter.join();
+  int code = exit_code_of(m.status);
+  TROUPE_LOG(info, "event=worker_exited worker={} exit_code={}", m.id, code);
+  if (w.starting.pending()) {
+    w.starting.fail(Status(ErrorCode::start_failed, "worker " + m.id + " exited with code " + std::to_string(code) +
+                                                        " before it was ready (its output: " + w.log.string() + ")"));
+  }
+  if (head_) (void)head_.tell(WorkerExited{node_id_, m.id, m.status});
+  workers_.erase(it);
+}
+
+Result<void> AgentActor::handle(const StopWorker& m) {
+  auto it = workers_.find(m.worker_id);
+  if (it == workers_.end()) return {};
+  ::kill(-it->second.pid, SIGTERM);
+  std::string id = m.worker_id;
+  after(std::chrono::seconds(5), [this, id] {
+    if (auto w = workers_.find(id); w != workers_.end()) ::kill(-w->second.pid, SIGKILL);
+  });
+  return {};
+}
+
 void AgentActor::on_stop(const ExitReason&) {
   for (auto& [id, job] : jobs_) {
     if (job.running) ::kill(-job.pid, SIGKILL);
     if (job.waiter.joinable()) job.waiter.join();
+  }
+  for (auto& [id, w] : workers_) {
+    ::kill(-w.pid, SIGKILL);
+    if (w.waiter.joinable()) w.waiter.join();
   }
 }
 

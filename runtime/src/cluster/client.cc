@@ -1,21 +1,34 @@
 // ClusterClient: a driver's asks to the head, reconnecting while it is away.
+#include <filesystem>
 #include <mutex>
 #include <random>
 #include <thread>
 
 #include "cluster/protocol.h"
 #include "troupe/cluster.h"
+#include "troupe/worker.h"
 
 namespace troupe {
 
 using namespace cluster;
 using Clock = std::chrono::steady_clock;
 
+/// An actor that exists as long as the driver's runtime: the head watches it
+/// to stop the driver's owned actors when the driver goes.
+struct OwnerAlive {};
+class DriverOwner final : public Actor<DriverOwner, OwnerAlive> {
+ public:
+  void handle(const OwnerAlive&) {}
+};
+
 struct ClusterClient::State {
   Runtime* rt;
   std::string address;
   std::mutex mu;
   AnyRef head;  // under mu; replaced when the head comes back
+  AnyRef owner;
+  Location owner_at;  // empty address: the driver does not listen
+  std::string executable;
 };
 
 namespace {
@@ -29,9 +42,6 @@ Result<AnyRef> resolve_head(Runtime& rt, const std::string& address, std::chrono
   return *head;
 }
 
-/// Errors after which the head may answer again once it is back.
-bool head_lost(ErrorCode code) { return code == ErrorCode::peer_lost || code == ErrorCode::actor_dead; }
-
 std::string request_id() {
   static thread_local std::mt19937_64 rng(std::random_device{}());
   return std::to_string(rng()) + "-" + std::to_string(rng());
@@ -41,6 +51,9 @@ std::string request_id() {
 
 Result<ClusterClient> ClusterClient::connect(Runtime& rt, const std::string& head_address,
                                              std::chrono::milliseconds timeout) {
+  // A program started as a worker that did not call serve_if_worker() first
+  // serves here rather than run as a second driver.
+  serve_if_worker();
   std::string address = head_address;
   if (address.find("://") == std::string::npos) address = "tcp://" + address;
   auto head = resolve_head(rt, address, timeout);
@@ -49,6 +62,12 @@ Result<ClusterClient> ClusterClient::connect(Runtime& rt, const std::string& hea
   state->rt = &rt;
   state->address = address;
   state->head = *head;
+  if (!rt.address().empty()) {
+    state->owner = rt.spawn<DriverOwner>();
+    if (auto at = rt.locate(state->owner)) state->owner_at = Location{at->first, at->second};
+  }
+  std::error_code ec;
+  state->executable = std::filesystem::read_symlink("/proc/self/exe", ec).string();
   return ClusterClient(std::move(state));
 }
 
@@ -73,7 +92,12 @@ Result<R> ClusterClient::call(const M& msg, std::chrono::milliseconds timeout, b
     // A request that is not idempotent is repeated only when it cannot have
     // reached a head: its ref was already dead (actor_dead from the proxy).
     if (r) return r;
-    bool retry = idempotent ? head_lost(r.error().code()) : r.error().code() == ErrorCode::actor_dead || !head;
+    // actor_dead is the head's own answer (about an actor of the cluster)
+    // when the head's ref is alive; from a dead ref it means the head is gone.
+    bool ref_dead = !head || detail::cell_dead(head.cell());
+    ErrorCode code = r.error().code();
+    bool retry = idempotent ? code == ErrorCode::peer_lost || (code == ErrorCode::actor_dead && ref_dead)
+                            : code == ErrorCode::actor_dead && ref_dead;
     if (!retry || Clock::now() >= deadline) return r;
     // The head went away: wait for one to answer at the address again.
     std::this_thread::sleep_for(std::min(backoff, left()));  // retry pacing while the head is down
@@ -175,6 +199,71 @@ Result<AnyRef> ClusterClient::get_actor(const std::string& name, const std::stri
 Status ClusterClient::unregister_name(const std::string& name, const std::string& ns,
                                       std::chrono::milliseconds timeout) const {
   auto r = call<void>(cluster::UnregisterName{ns, name}, timeout);
+  return r ? Status() : r.error();
+}
+
+}  // namespace troupe
+
+namespace troupe {
+
+namespace {
+SpawnActor spawn_request(const ClusterClient::State& state, const std::string& class_key, std::string args,
+                         const ActorOptions& options) {
+  SpawnActor m;
+  m.spec.class_key = class_key;
+  m.spec.args = std::move(args);
+  m.spec.executable = state.executable;
+  m.spec.options = options;
+  m.spec.owner_address = state.owner_at.address;
+  m.spec.owner_id = state.owner_at.id;
+  m.request_id = request_id();
+  m.timeout_ms = ClusterClient::kSpawnTimeout.count();
+  return m;
+}
+}  // namespace
+
+Result<ActorInfo> ClusterClient::spawn_encoded(const std::string& class_key, std::string args,
+                                               const ActorOptions& options, bool idempotent) const {
+  // One request key for every attempt: a retry after a lost answer gets the
+  // actor the first attempt made.
+  return call<ActorInfo>(spawn_request(*state_, class_key, std::move(args), options),
+                         kSpawnTimeout + std::chrono::seconds(5), idempotent);
+}
+
+Future<ActorInfo> ClusterClient::spawn_encoded_async(const std::string& class_key, std::string args,
+                                                     const ActorOptions& options) const {
+  auto m = spawn_request(*state_, class_key, std::move(args), options);
+  std::lock_guard<std::mutex> lock(state_->mu);
+  return state_->head.ask<ActorInfo>(std::move(m), kSpawnTimeout + std::chrono::seconds(5));
+}
+
+Result<AnyRef> ClusterClient::ref_to_any(const ActorInfo& info) const {
+  if (info.address.empty()) {
+    return error(ErrorCode::actor_dead, "actor " + info.id + " is " + info.state +
+                                            (info.reason.empty() ? "" : " (" + info.reason + ")") +
+                                            "; wait for it with ClusterClient::actor(id, wait_alive)");
+  }
+  return state_->rt->ref_at(info.address, info.ref_id);
+}
+
+Result<ActorInfo> ClusterClient::actor(const std::string& id, std::chrono::milliseconds wait_alive,
+                                       std::chrono::milliseconds timeout) const {
+  return call<ActorInfo>(GetActor{id, "", "", wait_alive.count()}, std::max(timeout, wait_alive + std::chrono::seconds(2)));
+}
+
+Result<ActorInfo> ClusterClient::actor_named(const std::string& name, const std::string& ns,
+                                             std::chrono::milliseconds wait_alive,
+                                             std::chrono::milliseconds timeout) const {
+  return call<ActorInfo>(GetActor{"", ns, name, wait_alive.count()},
+                         std::max(timeout, wait_alive + std::chrono::seconds(2)));
+}
+
+Result<std::vector<ActorInfo>> ClusterClient::list_actors(std::chrono::milliseconds timeout) const {
+  return call<std::vector<ActorInfo>>(ListActors{}, timeout);
+}
+
+Status ClusterClient::kill_actor(const std::string& id, std::chrono::milliseconds timeout) const {
+  auto r = call<void>(KillActor{id}, timeout);
   return r ? Status() : r.error();
 }
 

@@ -86,7 +86,7 @@ Status run_agent(const AgentOptions& options, const ReadyFn& ready, const WaitFn
     gethostname(host, sizeof(host) - 1);
     reg.node_id = std::string(host) + "-" + std::to_string(getpid());
   }
-  auto agent = rt.spawn<AgentActor>(reg.node_id, options.log_dir);
+  auto agent = rt.spawn<AgentActor>(reg.node_id, options.log_dir, rt.address());
   if (Status s = rt.publish(kAgentName, agent); !s.ok()) return s;
   reg.address = rt.address();
   reg.resources = options.resources;

@@ -3,6 +3,8 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
+#include <optional>
 #include <string>
 
 #include "troupe/actor_ref.h"
@@ -15,6 +17,12 @@ namespace troupe::cluster {
 /// The name the head publishes its actor under, and the agent's.
 inline constexpr const char* kHeadName = "troupe.head";
 inline constexpr const char* kAgentName = "troupe.agent";
+
+/// The environment a node agent starts a worker process with: its id, where
+/// its agent is, and where it should listen.
+inline constexpr const char* kWorkerIdEnv = "TROUPE_WORKER_ID";
+inline constexpr const char* kWorkerAgentEnv = "TROUPE_WORKER_AGENT";
+inline constexpr const char* kWorkerListenEnv = "TROUPE_WORKER_LISTEN";
 
 /// Agent -> head: this node joins (or comes back after a head restart).
 struct RegisterNode {
@@ -114,6 +122,146 @@ struct JobEnded {
   int exit_code = 0;
   bool stopped = false;
   TROUPE_MESSAGE_NAMED(JobEnded, "troupe.JobEnded", id, exit_code, stopped);
+};
+
+/// Actors on the cluster. What the head keeps to create (and re-create) one.
+struct ActorSpec {
+  /// The registered class (detail::ActorClass::key) and its encoded
+  /// constructor arguments.
+  std::string class_key;
+  std::string args;
+  /// The program that has the class: workers run it.
+  std::string executable;
+  ActorOptions options;
+  /// The driver that owns it (not detached): where its owner actor is.
+  std::string owner_address;
+  uint64_t owner_id = 0;
+  TROUPE_FIELDS(class_key, args, executable, options, owner_address, owner_id);
+};
+/// The head's durable record of one actor.
+struct ActorRecord {
+  ActorInfo info;
+  ActorSpec spec;
+  TROUPE_FIELDS(info, spec);
+};
+
+/// Driver -> head: create it (or, for a name that is taken, return the
+/// holder); answered once it is alive, or with why not by `timeout_ms`.
+struct SpawnActor {
+  ActorSpec spec;
+  std::string request_id;
+  int64_t timeout_ms = 0;
+  TROUPE_MESSAGE_NAMED(SpawnActor, "troupe.SpawnActor", spec, request_id, timeout_ms);
+};
+/// Driver -> head: an actor by id, or by name when `id` is empty; with
+/// `wait_alive_ms` > 0 the answer waits (that long at most) until it is alive.
+struct GetActor {
+  std::string id;
+  std::string ns;
+  std::string name;
+  int64_t wait_alive_ms = 0;
+  TROUPE_MESSAGE_NAMED(GetActor, "troupe.GetActor", id, ns, name, wait_alive_ms);
+};
+struct ListActors {
+  TROUPE_MESSAGE_NAMED(ListActors, "troupe.ListActors");
+};
+/// Driver -> head: stop it for good (no restart).
+struct KillActor {
+  std::string id;
+  TROUPE_MESSAGE_NAMED(KillActor, "troupe.KillActor", id);
+};
+
+/// Where an actor's incarnation (or a worker's actor) is: Runtime::ref_at.
+struct Location {
+  std::string address;
+  uint64_t id = 0;
+  TROUPE_FIELDS(address, id);
+};
+
+/// Head -> agent: start a worker process running `executable`; answered
+/// with the worker actor's location once the worker reports ready.
+struct StartWorker {
+  std::string worker_id;
+  std::string executable;
+  TROUPE_MESSAGE_NAMED(StartWorker, "troupe.StartWorker", worker_id, executable);
+};
+struct WorkerStarted {
+  Location where;
+  int64_t pid = 0;
+  TROUPE_MESSAGE_NAMED(WorkerStarted, "troupe.WorkerStarted", where, pid);
+};
+/// Worker -> its agent, once it serves.
+struct WorkerReady {
+  std::string worker_id;
+  AnyRef worker;
+  Location where;  // the worker actor's location, for the head
+  TROUPE_MESSAGE_NAMED(WorkerReady, "troupe.WorkerReady", worker_id, worker, where);
+};
+/// Agent -> head: a worker process ended (waitpid status).
+struct WorkerExited {
+  std::string node_id;
+  std::string worker_id;
+  int status = 0;
+  TROUPE_MESSAGE_NAMED(WorkerExited, "troupe.WorkerExited", node_id, worker_id, status);
+};
+/// Head -> agent: stop a worker (SIGTERM, SIGKILL after 5 s).
+struct StopWorker {
+  std::string worker_id;
+  TROUPE_MESSAGE_NAMED(StopWorker, "troupe.StopWorker", worker_id);
+};
+
+/// Head -> worker: create an incarnation of an actor; answered with where.
+struct CreateActor {
+  std::string actor_id;
+  std::string class_key;
+  std::string args;
+  uint64_t mailbox_bound = 0;
+  uint32_t snapshot_every = 0;
+  /// The last snapshot, for restore().
+  std::optional<std::string> snapshot;
+  /// Where snapshots and exits go.
+  AnyRef head;
+  TROUPE_MESSAGE_NAMED(CreateActor, "troupe.CreateActor", actor_id, class_key, args, mailbox_bound, snapshot_every,
+                       snapshot, head);
+};
+/// Head -> worker: stop an actor.
+struct StopActor {
+  std::string actor_id;
+  TROUPE_MESSAGE_NAMED(StopActor, "troupe.StopActor", actor_id);
+};
+/// Worker -> head: an incarnation ended (`crashed`: abnormally).
+struct ActorExited {
+  std::string actor_id;
+  Location where;
+  bool crashed = false;
+  std::string reason;
+  TROUPE_MESSAGE_NAMED(ActorExited, "troupe.ActorExited", actor_id, where, crashed, reason);
+};
+/// Worker -> head: an actor's latest snapshot.
+struct SaveSnapshot {
+  std::string actor_id;
+  std::string bytes;
+  TROUPE_MESSAGE_NAMED(SaveSnapshot, "troupe.SaveSnapshot", actor_id, bytes);
+};
+/// Head -> worker, after a head restart: report to this head from now on.
+/// Answered with the latest snapshot of each actor the worker hosts (those
+/// taken while no head was there to keep them included).
+struct Snapshots {
+  std::map<std::string, std::string> latest;  // actor id -> bytes
+  TROUPE_MESSAGE_NAMED(Snapshots, "troupe.Snapshots", latest);
+};
+struct AdoptWorker {
+  AnyRef head;
+  TROUPE_MESSAGE_NAMED(AdoptWorker, "troupe.AdoptWorker", head);
+};
+/// The head's durable record of a worker process.
+struct WorkerRecord {
+  std::string id;
+  std::string node;
+  std::string executable;
+  bool dedicated = false;
+  Location where;
+  TROUPE_FIELDS(id, node, executable, dedicated, where);
 };
 
 }  // namespace troupe::cluster

@@ -130,6 +130,7 @@ void HeadActor::load() {
   }
   TROUPE_LOG(info, "event=head_recovered nodes={} placement_groups={} pending={} jobs={}", nodes_.size(),
              groups_.size(), pending_.size(), jobs_.size());
+  load_actors();
   place_pending();
 }
 
@@ -224,6 +225,7 @@ Result<void> HeadActor::handle(const RemovePlacementGroup& m) {
   auto it = groups_.find(m.id);
   if (it == groups_.end()) return error(ErrorCode::not_found, "placement group " + m.id + " does not exist");
   if (Status s = store_->erase("pg", m.id); !s.ok()) return error(s);
+  stop_group_actors(m.id);
   ledger_.release(m.id);
   for (auto& w : it->second.waiters) {
     w.reply.fail(Status(ErrorCode::not_found, "placement group " + m.id + " was removed while waited for"));
@@ -249,6 +251,7 @@ ClusterStatus HeadActor::handle(const GetClusterStatus&) {
   for (auto& [id, g] : groups_) st.placement_groups.push_back(g.info);
   for (auto& [id, j] : jobs_) st.jobs.push_back(j);
   for (auto& [key, n] : names_) st.named_actors.push_back(n.entry);
+  st.actors = handle(ListActors{});
   return st;
 }
 
@@ -281,12 +284,28 @@ Result<NamedActor> HeadActor::handle(const RegisterName& m) {
   return m.entry;
 }
 
-Result<NamedActor> HeadActor::handle(const LookupName& m) {
+Deferred<NamedActor> HeadActor::handle(const LookupName& m) {
+  auto reply = defer<NamedActor>();
   auto it = names_.find(m.ns + "/" + m.name);
   if (it == names_.end()) {
-    return error(ErrorCode::not_found, "names: no actor is named '" + m.name + "' in namespace '" + m.ns + "'");
+    reply.fail(Status(ErrorCode::not_found, "names: no actor is named '" + m.name + "' in namespace '" + m.ns + "'"));
+    return reply;
   }
-  return it->second.entry;
+  auto a = it->second.actor_id.empty() ? actors_.end() : actors_.find(it->second.actor_id);
+  if (a == actors_.end() || a->second.rec.info.state == "alive") {
+    reply.complete(it->second.entry);
+    return reply;
+  }
+  // An actor of the cluster between incarnations: answer once it is back.
+  NamedActor entry = it->second.entry;
+  a->second.waiters.push_back(ActorWaiter{[reply, entry](const ActorInfo& info, const Status& s) mutable {
+                                            if (!s.ok()) return reply.fail(s);
+                                            entry.address = info.address;
+                                            entry.id = info.ref_id;
+                                            reply.complete(entry);
+                                          },
+                                          Clock::now() + std::chrono::seconds(10)});
+  return reply;
 }
 
 Result<void> HeadActor::handle(const UnregisterName& m) {
@@ -427,6 +446,7 @@ void HeadActor::tick() {
       }
     }
   }
+  expire_actor_waiters(now);
   after(config_.heartbeat / 2, [this] { tick(); });
 }
 
@@ -458,6 +478,13 @@ void HeadActor::node_dead(const std::string& id, const std::string& why) {
     pending_.erase(std::remove(pending_.begin(), pending_.end(), gid), pending_.end());
     pending_.insert(pending_.begin(), gid);  // before new groups
   }
+  // Its workers went with it: their actors restart elsewhere (or wait for
+  // their bundles' new place).
+  std::vector<std::string> lost;
+  for (auto& [wid, w] : workers_) {
+    if (w.rec.node == id) lost.push_back(wid);
+  }
+  for (const std::string& wid : lost) worker_dead(wid, "its node " + id + " died: " + why);
   place_pending();
 }
 
@@ -476,6 +503,7 @@ void HeadActor::place_pending() {
     }
   }
   pending_ = std::move(still);
+  place_pending_actors();  // after the groups: actors may wait for their bundles
 }
 
 void HeadActor::placed(Group& g, const std::vector<NodeIndex>& nodes) {

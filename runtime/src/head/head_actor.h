@@ -5,6 +5,8 @@
 #pragma once
 
 #include <chrono>
+#include <deque>
+#include <set>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -34,7 +36,8 @@ struct HeadConfig {
 
 class HeadActor : public Actor<HeadActor, RegisterNode, NodeHeartbeat, CreatePlacementGroup, WaitPlacementGroup,
                                RemovePlacementGroup, GetClusterStatus, SubmitJob, GetJob, ReadJobLog, StopJob,
-                               JobEnded, RegisterName, LookupName, UnregisterName> {
+                               JobEnded, RegisterName, LookupName, UnregisterName, SpawnActor, GetActor, ListActors,
+                               KillActor, WorkerExited, ActorExited, SaveSnapshot> {
  public:
   HeadActor(std::shared_ptr<Store> store, HeadConfig config);
 
@@ -52,8 +55,17 @@ class HeadActor : public Actor<HeadActor, RegisterNode, NodeHeartbeat, CreatePla
   Deferred<void> handle(const StopJob& m);
   void handle(const JobEnded& m);
   Result<NamedActor> handle(const RegisterName& m);
-  Result<NamedActor> handle(const LookupName& m);
+  Deferred<NamedActor> handle(const LookupName& m);
   Result<void> handle(const UnregisterName& m);
+
+  // Actors on the cluster (head_actors.cc).
+  Deferred<ActorInfo> handle(const SpawnActor& m);
+  Deferred<ActorInfo> handle(const GetActor& m);
+  std::vector<ActorInfo> handle(const ListActors& m);
+  Result<void> handle(const KillActor& m);
+  void handle(const WorkerExited& m);
+  void handle(const ActorExited& m);
+  void handle(const SaveSnapshot& m);
 
  private:
   struct Node {
@@ -102,9 +114,79 @@ class HeadActor : public Actor<HeadActor, RegisterNode, NodeHeartbeat, CreatePla
   struct Named {
     NamedActor entry;
     MonitorId monitor = 0;
+    /// Set for an actor the cluster created (its location follows its
+    /// restarts); empty for a driver's actor registered by name.
+    std::string actor_id;
   };
   std::map<std::string, Named> names_;  // "ns/name"
   size_t next_job_node_ = 0;
+
+  // -- actors on the cluster (head_actors.cc) --------------------------------
+  /// Someone waiting for an actor to be alive (or dead: status set).
+  struct ActorWaiter {
+    std::function<void(const ActorInfo&, const Status&)> fn;
+    std::chrono::steady_clock::time_point deadline;
+  };
+  struct ClusterActor {
+    ActorRecord rec;
+    /// Where its own resources are held (not inside a bundle), or kNoNode.
+    NodeIndex holds_on = kNoNode;
+    /// The bundle whose resources it uses, or -1.
+    int in_bundle = -1;
+    /// Bumped by every creation attempt: a late answer to an older one is
+    /// recognised and ignored.
+    uint64_t attempt = 0;
+    std::vector<ActorWaiter> waiters;
+  };
+  struct Worker {
+    WorkerRecord rec;
+    bool ready = false;
+    AnyRef ref;
+    MonitorId monitor = 0;
+    /// Actors waiting for it to start, and those it hosts.
+    std::vector<std::string> queued;
+    std::set<std::string> hosted;
+  };
+  struct Owner {
+    MonitorId monitor = 0;
+    std::set<std::string> actors;
+  };
+
+  void load_actors();
+  /// Finds it a node and a worker there and creates it; or leaves it
+  /// pending (with the reason) until resources change.
+  void schedule_actor(const std::string& id);
+  /// Tries the pending actors again (after groups, which go first).
+  void place_pending_actors();
+  /// The node for an actor, reserving its resources; kNoNode (and why).
+  NodeIndex place_actor(ClusterActor& a, std::string* why, bool* hopeless);
+  void release_actor_resources(ClusterActor& a);
+  Worker* worker_for(const std::string& node, const ClusterActor& a);
+  void start_worker(Worker& w);
+  void create_on(Worker& w, const std::string& actor_id);
+  void actor_alive(ClusterActor& a, const std::string& worker, const Location& where);
+  /// Its incarnation ended abnormally: restart it if its options allow.
+  void actor_failed(const std::string& id, const std::string& why);
+  /// It ends for good (stopped, killed, restarts used up, owner gone).
+  void actor_dead(const std::string& id, const std::string& why, bool stop_it);
+  void worker_dead(const std::string& worker_id, const std::string& why);
+  void watch_worker(Worker& w);
+  void watch_owner(const ClusterActor& a);
+  Status persist_actor(const ClusterActor& a);
+  void answer_waiters(ClusterActor& a, const Status& status);
+  void expire_actor_waiters(std::chrono::steady_clock::time_point now);
+  /// Stops the actors of a placement group being removed.
+  void stop_group_actors(const std::string& group);
+
+  std::map<std::string, ClusterActor> actors_;
+  std::vector<std::string> pending_actors_;
+  std::map<std::string, std::string> actor_requests_;  // request id -> actor id
+  std::deque<ActorInfo> dead_actors_;                  // the last ones, for troupe list actors
+  std::map<std::string, Worker> workers_;
+  std::map<std::pair<std::string, std::string>, std::string> shared_workers_;  // (node, program) -> worker id
+  std::map<std::pair<std::string, int>, ResourceMap> bundle_used_;             // (group, bundle) -> in use
+  std::map<std::pair<std::string, uint64_t>, Owner> owners_;                   // owner location -> its actors
+  size_t next_actor_node_ = 0;
 };
 
 }  // namespace troupe::cluster

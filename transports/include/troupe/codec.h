@@ -14,6 +14,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <string_view>
 #include <type_traits>
 #include <unordered_map>
@@ -259,6 +260,19 @@ struct Codec<std::pair<A, B>> {
     codec::write(w, p.second);
   }
   static bool read(Reader& r, std::pair<A, B>& p) { return codec::read(r, p.first) && codec::read(r, p.second); }
+};
+
+/// Tuples: elements in order (constructor arguments of actors spawned on a
+/// cluster travel as one).
+template <class... Ts>
+  requires(Codable<Ts> && ...)
+struct Codec<std::tuple<Ts...>> {
+  static void write(Writer& w, const std::tuple<Ts...>& t) {
+    std::apply([&](const auto&... e) { (codec::write(w, e), ...); }, t);
+  }
+  static bool read(Reader& r, std::tuple<Ts...>& t) {
+    return std::apply([&](auto&... e) { return (codec::read(r, e) && ...); }, t);
+  }
 };
 
 /// Structs with a field list: fields in order.

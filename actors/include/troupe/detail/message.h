@@ -408,6 +408,9 @@ Status send(CellControl* to, Envelope&& env);
 
 /// The cell's process-unique id (never reused) and its path.
 uint64_t cell_id(CellControl* c);
+/// True once the cell has terminated (for a proxy: its remote actor or the
+/// connection to it is gone).
+bool cell_dead(CellControl* c);
 std::string cell_path(CellControl* c);
 /// The actor class the cell hosts (type_key of the user class).
 TypeKey cell_actor_type(CellControl* c);

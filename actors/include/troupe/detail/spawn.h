@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -48,6 +49,12 @@ struct SpawnSpec {
   std::shared_ptr<RemoteTarget> remote{};
   /// The full path, when the runtime should not derive one.
   std::string path{};
+  /// The state the first incarnation restores (a restart on another process
+  /// carries its last snapshot this way).
+  std::optional<std::string> snapshot{};
+  /// Called on the actor's thread with every snapshot it takes, so that the
+  /// state can be kept outside this process (the cluster's head).
+  std::function<void(const std::string&)> on_snapshot{};
 };
 
 template <class A, class... Args>

@@ -1,0 +1,697 @@
+// The head's actor table: placing actors on nodes (their own resources, a
+// placement-group bundle, or a label selector), starting worker processes
+// through the agents, restarting actors by their options when they crash or
+// their process or node dies, and stopping owned actors with their owner.
+// Snapshots are kept in the store, so that a restart anywhere has them.
+#include <sys/wait.h>
+
+#include <algorithm>
+#include <random>
+
+#include "head/head_actor.h"
+#include "log.h"
+
+namespace troupe::cluster {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::string random_actor_id(const char* prefix) {
+  static thread_local std::mt19937_64 rng(std::random_device{}());
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%s-%016llx", prefix, static_cast<unsigned long long>(rng()));
+  return buf;
+}
+
+std::string name_key(const ActorOptions& o) { return o.ns + "/" + o.name; }
+
+bool fits_in(const ResourceMap& bundle, const ResourceMap& used, const ResourceMap& want) {
+  for (auto& [name, amount] : want) {
+    if (amount <= 0) continue;
+    auto have = bundle.find(name);
+    auto in_use = used.find(name);
+    double free = (have == bundle.end() ? 0 : have->second) - (in_use == used.end() ? 0 : in_use->second);
+    if (free + 1e-9 < amount) return false;
+  }
+  return true;
+}
+
+std::string describe(const ResourceMap& r) {
+  std::string s;
+  for (auto& [k, v] : r) {
+    if (!s.empty()) s += ",";
+    s += k + "=" + fmt::format("{:g}", v);
+  }
+  return s.empty() ? "nothing" : s;
+}
+
+/// Errors after which creating the actor again cannot help.
+bool hopeless_error(ErrorCode code) { return code == ErrorCode::not_found || code == ErrorCode::malformed; }
+
+constexpr size_t kDeadActorsKept = 1000;
+constexpr std::chrono::seconds kWorkerStartAsk{40};
+constexpr std::chrono::seconds kCreateAsk{30};
+
+}  // namespace
+
+Status HeadActor::persist_actor(const ClusterActor& a) {
+  return store_->put("actor", a.rec.info.id, codec::encode(a.rec));
+}
+
+Deferred<ActorInfo> HeadActor::handle(const SpawnActor& m) {
+  auto reply = defer<ActorInfo>();
+  auto deadline = Clock::now() + std::chrono::milliseconds(std::max<int64_t>(0, m.timeout_ms));
+  auto wait_for = [&](ClusterActor& a) {
+    if (a.rec.info.state == "alive") {
+      reply.complete(a.rec.info);
+    } else {
+      a.waiters.push_back(ActorWaiter{[reply](const ActorInfo& info, const Status& s) mutable {
+                                        s.ok() ? reply.complete(info) : reply.fail(s);
+                                      },
+                                      deadline});
+    }
+  };
+  if (!m.request_id.empty()) {
+    // A retry of a request this head (or its predecessor) already took.
+    if (auto it = actor_requests_.find(m.request_id); it != actor_requests_.end()) {
+      if (auto a = actors_.find(it->second); a != actors_.end()) {
+        wait_for(a->second);
+        return reply;
+      }
+      for (auto& dead : dead_actors_) {
+        if (dead.id == it->second) {
+          reply.fail(Status(ErrorCode::actor_dead, "actor " + dead.id + " is dead: " + dead.reason));
+          return reply;
+        }
+      }
+    }
+  }
+  const ActorSpec& spec = m.spec;
+  const ActorOptions& o = spec.options;
+  auto invalid = [&](std::string why) {
+    reply.fail(Status(ErrorCode::invalid_argument, "spawn: " + why));
+    return reply;
+  };
+  if (spec.class_key.empty() || spec.executable.empty()) return invalid("no actor class or program");
+  if (o.max_restarts < -1) return invalid("max_restarts must be >= -1 (-1: without limit)");
+  for (auto& [name, amount] : o.resources) {
+    if (!(amount >= 0)) return invalid("resource " + name + " must be >= 0");
+  }
+  if (!o.placement_group.empty()) {
+    auto g = groups_.find(o.placement_group);
+    if (g == groups_.end()) return invalid("placement group " + o.placement_group + " does not exist");
+    if (o.bundle < -1 || o.bundle >= static_cast<int>(g->second.info.spec.bundles.size())) {
+      return invalid("placement group " + o.placement_group + " has no bundle " + std::to_string(o.bundle));
+    }
+  }
+  if (!o.detached && spec.owner_address.empty()) {
+    return invalid("an owned actor needs a driver that listens (RuntimeConfig::listen), so that the cluster "
+                   "notices when it goes; set it, or spawn with ActorOptions::detached");
+  }
+  if (!o.name.empty()) {
+    // Get-or-create: the first to name it wins; all get the same actor.
+    if (auto n = names_.find(name_key(o)); n != names_.end()) {
+      if (auto a = actors_.find(n->second.actor_id); !n->second.actor_id.empty() && a != actors_.end()) {
+        wait_for(a->second);
+      } else {
+        ActorInfo holder;
+        holder.state = "alive";
+        holder.address = n->second.entry.address;
+        holder.ref_id = n->second.entry.id;
+        holder.options.name = o.name;
+        holder.options.ns = o.ns;
+        reply.complete(holder);
+      }
+      return reply;
+    }
+  }
+  ClusterActor a;
+  a.rec.spec = spec;
+  a.rec.info.id = random_actor_id("actor");
+  a.rec.info.class_name = spec.class_key;
+  a.rec.info.state = "pending";
+  a.rec.info.options = o;
+  if (Status s = persist_actor(a); !s.ok()) {
+    reply.fail(s);
+    return reply;
+  }
+  std::string id = a.rec.info.id;
+  if (!m.request_id.empty()) actor_requests_[m.request_id] = id;
+  if (!o.name.empty()) {
+    Named& n = names_[name_key(o)];
+    n.entry = NamedActor{o.ns, o.name, "", 0};
+    n.actor_id = id;
+  }
+  watch_owner(a);
+  ClusterActor& stored = actors_.emplace(id, std::move(a)).first->second;
+  wait_for(stored);
+  schedule_actor(id);
+  return reply;
+}
+
+void HeadActor::watch_owner(const ClusterActor& a) {
+  if (a.rec.spec.options.detached) return;
+  auto key = std::make_pair(a.rec.spec.owner_address, a.rec.spec.owner_id);
+  Owner& owner = owners_[key];
+  owner.actors.insert(a.rec.info.id);
+  if (owner.monitor != 0 || !config_.ref_at) return;
+  auto ref = config_.ref_at(key.first, key.second);
+  auto gone = [this, key](const std::string& why) {
+    auto it = owners_.find(key);
+    if (it == owners_.end()) return;
+    std::set<std::string> owned = std::move(it->second.actors);
+    owners_.erase(it);
+    for (const std::string& id : owned) actor_dead(id, "its owner (the driver at " + key.first + ") " + why, true);
+  };
+  if (!ref) {
+    after(std::chrono::milliseconds(0), [gone] { gone("is unreachable"); });
+    owner.monitor = 1;  // not 0: one notice only
+    return;
+  }
+  owner.monitor = monitor(*ref, [gone](const Down& d) { gone("is gone (" + d.reason.to_string() + ")"); });
+}
+
+NodeIndex HeadActor::place_actor(ClusterActor& a, std::string* why, bool* hopeless) {
+  const ActorOptions& o = a.rec.spec.options;
+  *hopeless = false;
+  if (!o.placement_group.empty()) {
+    auto g = groups_.find(o.placement_group);
+    if (g == groups_.end()) {
+      *hopeless = true;
+      *why = "its placement group " + o.placement_group + " was removed";
+      return kNoNode;
+    }
+    const PlacementGroupInfo& info = g->second.info;
+    if (info.state != "created") {
+      *why = "its placement group " + info.id + " is " + info.state + (info.reason.empty() ? "" : ": " + info.reason);
+      return kNoNode;
+    }
+    int first = o.bundle < 0 ? 0 : o.bundle;
+    int last = o.bundle < 0 ? static_cast<int>(info.spec.bundles.size()) - 1 : o.bundle;
+    for (int b = first; b <= last; ++b) {
+      ResourceMap& used = bundle_used_[{info.id, b}];
+      if (!fits_in(info.spec.bundles[b].resources, used, o.resources)) continue;
+      auto node = nodes_.find(info.bundle_nodes[b]);
+      if (node == nodes_.end() || node->second.info.state != "alive") continue;
+      for (auto& [name, amount] : o.resources) used[name] += amount;
+      a.in_bundle = b;
+      return node->second.index;
+    }
+    *why = "no bundle of placement group " + info.id + (o.bundle < 0 ? "" : " (bundle " + std::to_string(o.bundle) + ")") +
+           " has " + describe(o.resources) + " left";
+    return kNoNode;
+  }
+  std::vector<Node*> candidates;
+  bool any_match = false;
+  for (auto& [id, n] : nodes_) {
+    if (n.info.state != "alive" || n.index == kNoNode || !matches(o.label_selector, n.info.labels)) continue;
+    any_match = true;
+    if (!n.agent) continue;  // restored, its agent not back yet
+    candidates.push_back(&n);
+  }
+  // Back where it was when that node is still there: its worker is likely
+  // warm, and what it kept on local disk is there.
+  auto try_node = [&](Node* n) {
+    if (!ledger_.acquire(n->index, o.resources)) return false;
+    a.holds_on = n->index;
+    return true;
+  };
+  for (Node* n : candidates) {
+    if (n->info.id == a.rec.info.node && try_node(n)) return n->index;
+  }
+  for (size_t i = 0; i < candidates.size(); ++i) {
+    Node* n = candidates[(next_actor_node_ + i) % candidates.size()];
+    if (try_node(n)) {
+      next_actor_node_ = (next_actor_node_ + i + 1) % candidates.size();
+      return n->index;
+    }
+  }
+  *why = !any_match ? "no alive node matches its label selector"
+         : candidates.empty() ? "waiting for the agents to come back"
+                              : "waiting for resources: no node has " + describe(o.resources) + " free";
+  return kNoNode;
+}
+
+void HeadActor::release_actor_resources(ClusterActor& a) {
+  const ActorOptions& o = a.rec.spec.options;
+  if (a.holds_on != kNoNode) {
+    if (ledger_.node(a.holds_on).alive) ledger_.give_back(a.holds_on, o.resources);
+    a.holds_on = kNoNode;
+  }
+  if (a.in_bundle >= 0) {
+    auto it = bundle_used_.find({o.placement_group, a.in_bundle});
+    if (it != bundle_used_.end()) {
+      for (auto& [name, amount] : o.resources) it->second[name] -= amount;
+    }
+    a.in_bundle = -1;
+  }
+}
+
+void HeadActor::schedule_actor(const std::string& id) {
+  auto it = actors_.find(id);
+  if (it == actors_.end()) return;
+  ClusterActor& a = it->second;
+  std::string why;
+  bool hopeless = false;
+  NodeIndex node = place_actor(a, &why, &hopeless);
+  if (node == kNoNode) {
+    if (hopeless) {
+      actor_dead(id, why, false);
+      return;
+    }
+    if (a.rec.info.state != "restarting") a.rec.info.state = "pending";
+    a.rec.info.reason = why;
+    if (std::find(pending_actors_.begin(), pending_actors_.end(), id) == pending_actors_.end()) {
+      pending_actors_.push_back(id);
+    }
+    return;
+  }
+  if (a.rec.info.state != "restarting") a.rec.info.state = "starting";
+  a.rec.info.reason.clear();
+  a.rec.info.node = ledger_.node(node).id;
+  Worker* w = worker_for(a.rec.info.node, a);
+  if (w == nullptr) return;  // worker_for reported it
+  if (w->ready) {
+    create_on(*w, id);
+  } else {
+    w->queued.push_back(id);
+  }
+}
+
+void HeadActor::place_pending_actors() {
+  if (pending_actors_.empty()) return;
+  std::vector<std::string> todo = std::move(pending_actors_);
+  pending_actors_.clear();
+  for (const std::string& id : todo) schedule_actor(id);
+}
+
+HeadActor::Worker* HeadActor::worker_for(const std::string& node, const ClusterActor& a) {
+  const std::string& program = a.rec.spec.executable;
+  bool dedicated = a.rec.spec.options.dedicated_process;
+  if (!dedicated) {
+    if (auto it = shared_workers_.find({node, program}); it != shared_workers_.end()) {
+      if (auto w = workers_.find(it->second); w != workers_.end()) return &w->second;
+    }
+  }
+  Worker w;
+  w.rec.id = random_actor_id("worker");
+  w.rec.node = node;
+  w.rec.executable = program;
+  w.rec.dedicated = dedicated;
+  std::string wid = w.rec.id;
+  Worker& stored = workers_.emplace(wid, std::move(w)).first->second;
+  if (!dedicated) shared_workers_[{node, program}] = wid;
+  start_worker(stored);
+  auto again = workers_.find(wid);  // start_worker may have failed it at once
+  return again == workers_.end() ? nullptr : &again->second;
+}
+
+void HeadActor::start_worker(Worker& w) {
+  std::string wid = w.rec.id;
+  auto node = nodes_.find(w.rec.node);
+  if (node == nodes_.end() || !node->second.agent) {
+    worker_dead(wid, "its node " + w.rec.node + " has no agent");
+    return;
+  }
+  ask<WorkerStarted>(node->second.agent, StartWorker{wid, w.rec.executable}, kWorkerStartAsk)
+      .then([this, wid](Result<WorkerStarted> r) {
+        auto it = workers_.find(wid);
+        if (it == workers_.end()) return;
+        Worker& w = it->second;
+        if (!r) {
+          TROUPE_LOG(warn, "event=worker_start_failed worker={} node={} reason=\"{}\"", wid, w.rec.node,
+                     r.error().message());
+          // A program that cannot serve as a worker will not do better the
+          // next time: its actors fail for good, with the reason.
+          std::vector<std::string> queued = std::move(w.queued);
+          std::string why = "its worker process could not start: " + r.error().message();
+          worker_dead(wid, why);
+          for (const std::string& id : queued) actor_dead(id, why, false);
+          return;
+        }
+        w.rec.where = r->where;
+        w.ready = true;
+        watch_worker(w);
+        if (Status s = store_->put("worker", wid, codec::encode(w.rec)); !s.ok()) {
+          TROUPE_LOG(err, "event=store_write_failed kind=worker id={} reason=\"{}\"", wid, s.message());
+        }
+        TROUPE_LOG(debug, "event=worker_ready worker={} node={} pid={}", wid, w.rec.node, r->pid);
+        std::vector<std::string> queued = std::move(w.queued);
+        w.queued.clear();
+        for (const std::string& id : queued) {
+          auto wi = workers_.find(wid);
+          if (wi == workers_.end()) break;
+          create_on(wi->second, id);
+        }
+      });
+}
+
+void HeadActor::watch_worker(Worker& w) {
+  std::string wid = w.rec.id;
+  auto ref = config_.ref_at ? config_.ref_at(w.rec.where.address, w.rec.where.id)
+                            : Result<AnyRef>(error(ErrorCode::unsupported, "no ref_at"));
+  if (!ref) {
+    after(std::chrono::milliseconds(0), [this, wid, why = ref.error().message()] { worker_dead(wid, why); });
+    return;
+  }
+  w.ref = *ref;
+  w.monitor = monitor(w.ref, [this, wid](const Down& d) { worker_dead(wid, d.reason.to_string()); });
+}
+
+void HeadActor::create_on(Worker& w, const std::string& actor_id) {
+  auto it = actors_.find(actor_id);
+  if (it == actors_.end()) return;
+  ClusterActor& a = it->second;
+  uint64_t attempt = ++a.attempt;
+  CreateActor msg;
+  msg.actor_id = actor_id;
+  msg.class_key = a.rec.spec.class_key;
+  msg.args = a.rec.spec.args;
+  msg.mailbox_bound = a.rec.spec.options.mailbox_bound;
+  msg.snapshot_every = a.rec.spec.options.snapshot_every;
+  if (a.rec.info.restarts > 0) {
+    if (auto snap = store_->get("snap", actor_id); snap && *snap) msg.snapshot = std::move(**snap);
+  }
+  msg.head = self();
+  std::string wid = w.rec.id;
+  w.hosted.insert(actor_id);
+  ask<Location>(w.ref, std::move(msg), kCreateAsk).then([this, actor_id, attempt, wid](Result<Location> r) {
+    auto it = actors_.find(actor_id);
+    bool current = it != actors_.end() && it->second.attempt == attempt && it->second.rec.info.state != "dead";
+    if (!current) {
+      // Killed (or re-created elsewhere) meanwhile: stop what was made.
+      auto w = workers_.find(wid);
+      if (r && w != workers_.end() && w->second.ref) (void)w->second.ref.tell(StopActor{actor_id});
+      return;
+    }
+    if (!r) {
+      if (auto w = workers_.find(wid); w != workers_.end()) w->second.hosted.erase(actor_id);
+      if (hopeless_error(r.error().code())) {
+        actor_dead(actor_id, "it cannot be created: " + r.error().message(), false);
+      } else {
+        actor_failed(actor_id, "creating it failed: " + r.error().message());
+      }
+      return;
+    }
+    actor_alive(it->second, wid, *r);
+  });
+}
+
+void HeadActor::actor_alive(ClusterActor& a, const std::string& worker, const Location& where) {
+  ActorInfo& info = a.rec.info;
+  info.state = "alive";
+  info.reason.clear();
+  info.worker = worker;
+  info.address = where.address;
+  info.ref_id = where.id;
+  if (Status s = persist_actor(a); !s.ok()) {
+    TROUPE_LOG(err, "event=store_write_failed kind=actor id={} reason=\"{}\"", info.id, s.message());
+  }
+  const ActorOptions& o = a.rec.spec.options;
+  if (!o.name.empty()) {
+    if (auto n = names_.find(name_key(o)); n != names_.end() && n->second.actor_id == info.id) {
+      n->second.entry.address = where.address;
+      n->second.entry.id = where.id;
+    }
+  }
+  TROUPE_LOG(debug, "event=actor_alive actor={} node={} restarts={}", info.id, info.node, info.restarts);
+  answer_waiters(a, Status());
+}
+
+void HeadActor::answer_waiters(ClusterActor& a, const Status& status) {
+  std::vector<ActorWaiter> waiters = std::move(a.waiters);
+  a.waiters.clear();
+  ActorInfo info = a.rec.info;  // a waiter may change the table
+  for (auto& w : waiters) w.fn(info, status);
+}
+
+void HeadActor::actor_failed(const std::string& id, const std::string& why) {
+  auto it = actors_.find(id);
+  if (it == actors_.end() || it->second.rec.info.state == "dead") return;
+  ClusterActor& a = it->second;
+  int max = a.rec.spec.options.max_restarts;
+  if (max != -1 && static_cast<int>(a.rec.info.restarts) >= max) {
+    actor_dead(id, why + " (max_restarts " + std::to_string(max) + (max == 0 ? ")" : " used up)"), false);
+    return;
+  }
+  if (auto w = workers_.find(a.rec.info.worker); w != workers_.end()) w->second.hosted.erase(id);
+  ++a.attempt;  // an answer to a creation still in flight is stale now
+  release_actor_resources(a);
+  a.rec.info.restarts++;
+  a.rec.info.state = "restarting";
+  a.rec.info.reason = why;
+  a.rec.info.address.clear();
+  a.rec.info.ref_id = 0;
+  if (Status s = persist_actor(a); !s.ok()) {
+    TROUPE_LOG(err, "event=store_write_failed kind=actor id={} reason=\"{}\"", id, s.message());
+  }
+  TROUPE_LOG(info, "event=actor_restarting actor={} restarts={} reason=\"{}\"", id, a.rec.info.restarts, why);
+  schedule_actor(id);
+}
+
+void HeadActor::actor_dead(const std::string& id, const std::string& why, bool stop_it) {
+  auto it = actors_.find(id);
+  if (it == actors_.end()) return;
+  ClusterActor& a = it->second;
+  ++a.attempt;
+  if (stop_it) {
+    if (auto w = workers_.find(a.rec.info.worker); w != workers_.end() && w->second.ref) {
+      (void)w->second.ref.tell(StopActor{id});
+    }
+  }
+  if (auto w = workers_.find(a.rec.info.worker); w != workers_.end()) w->second.hosted.erase(id);
+  bool freed = a.holds_on != kNoNode || a.in_bundle >= 0;
+  release_actor_resources(a);
+  const ActorOptions& o = a.rec.spec.options;
+  if (!o.name.empty()) {
+    if (auto n = names_.find(name_key(o)); n != names_.end() && n->second.actor_id == id) names_.erase(n);
+  }
+  if (!o.detached) {
+    auto owner = owners_.find({a.rec.spec.owner_address, a.rec.spec.owner_id});
+    if (owner != owners_.end()) owner->second.actors.erase(id);
+  }
+  pending_actors_.erase(std::remove(pending_actors_.begin(), pending_actors_.end(), id), pending_actors_.end());
+  a.rec.info.state = "dead";
+  a.rec.info.reason = why;
+  (void)store_->apply({{"actor", id, std::nullopt}, {"snap", id, std::nullopt}});
+  TROUPE_LOG(info, "event=actor_dead actor={} reason=\"{}\"", id, why);
+  answer_waiters(a, Status(ErrorCode::actor_dead, "actor " + id + " is dead: " + why));
+  if (dead_actors_.size() >= kDeadActorsKept) dead_actors_.pop_front();
+  dead_actors_.push_back(a.rec.info);
+  actors_.erase(it);
+  if (freed) place_pending_actors();  // its resources are free: others may fit now
+}
+
+void HeadActor::worker_dead(const std::string& worker_id, const std::string& why) {
+  auto it = workers_.find(worker_id);
+  if (it == workers_.end()) return;
+  Worker w = std::move(it->second);
+  workers_.erase(it);
+  if (w.monitor != 0) demonitor(w.monitor);
+  auto shared = shared_workers_.find({w.rec.node, w.rec.executable});
+  if (shared != shared_workers_.end() && shared->second == worker_id) shared_workers_.erase(shared);
+  (void)store_->erase("worker", worker_id);
+  TROUPE_LOG(info, "event=worker_dead worker={} node={} actors={} reason=\"{}\"", worker_id, w.rec.node,
+             w.hosted.size() + w.queued.size(), why);
+  std::string what = "its worker process died (" + why + ")";
+  for (const std::string& id : w.hosted) actor_failed(id, what);
+  for (const std::string& id : w.queued) actor_failed(id, what);
+}
+
+void HeadActor::handle(const WorkerExited& m) {
+  worker_dead(m.worker_id, "exit code " + std::to_string(WIFEXITED(m.status)    ? WEXITSTATUS(m.status)
+                                                           : WIFSIGNALED(m.status) ? -WTERMSIG(m.status)
+                                                                                  : -1));
+}
+
+void HeadActor::handle(const ActorExited& m) {
+  auto it = actors_.find(m.actor_id);
+  if (it == actors_.end()) return;
+  ActorInfo& info = it->second.rec.info;
+  if ((info.state != "alive" && info.state != "recovering") || info.address != m.where.address || info.ref_id != m.where.id) return;  // stale
+  if (m.crashed) {
+    actor_failed(m.actor_id, "it crashed: " + m.reason);
+  } else {
+    actor_dead(m.actor_id, "it stopped (" + m.reason + ")", false);
+  }
+}
+
+void HeadActor::handle(const SaveSnapshot& m) {
+  if (!actors_.count(m.actor_id)) return;
+  if (Status s = store_->put("snap", m.actor_id, m.bytes); !s.ok()) {
+    TROUPE_LOG(err, "event=store_write_failed kind=snap id={} reason=\"{}\"", m.actor_id, s.message());
+  }
+}
+
+Deferred<ActorInfo> HeadActor::handle(const GetActor& m) {
+  auto reply = defer<ActorInfo>();
+  std::string id = m.id;
+  if (id.empty()) {
+    auto n = names_.find(m.ns + "/" + m.name);
+    if (n == names_.end() || n->second.actor_id.empty()) {
+      reply.fail(Status(ErrorCode::not_found, "no actor of the cluster is named '" + m.name + "' in namespace '" +
+                                                  m.ns + "'"));
+      return reply;
+    }
+    id = n->second.actor_id;
+  }
+  auto it = actors_.find(id);
+  if (it == actors_.end()) {
+    for (auto& dead : dead_actors_) {
+      if (dead.id == id) {
+        reply.fail(Status(ErrorCode::actor_dead, "actor " + id + " is dead: " + dead.reason));
+        return reply;
+      }
+    }
+    reply.fail(Status(ErrorCode::not_found, "actor " + id + " does not exist"));
+    return reply;
+  }
+  ClusterActor& a = it->second;
+  if (m.wait_alive_ms <= 0 || a.rec.info.state == "alive") {
+    reply.complete(a.rec.info);
+  } else {
+    a.waiters.push_back(ActorWaiter{[reply](const ActorInfo& info, const Status& s) mutable {
+                                      s.ok() ? reply.complete(info) : reply.fail(s);
+                                    },
+                                    Clock::now() + std::chrono::milliseconds(m.wait_alive_ms)});
+  }
+  return reply;
+}
+
+std::vector<ActorInfo> HeadActor::handle(const ListActors&) {
+  std::vector<ActorInfo> out;
+  out.reserve(actors_.size() + dead_actors_.size());
+  for (auto& [id, a] : actors_) out.push_back(a.rec.info);
+  out.insert(out.end(), dead_actors_.begin(), dead_actors_.end());
+  return out;
+}
+
+Result<void> HeadActor::handle(const KillActor& m) {
+  if (!actors_.count(m.id)) return error(ErrorCode::not_found, "actor " + m.id + " does not exist (or is dead)");
+  actor_dead(m.id, "killed on request", true);
+  return {};
+}
+
+void HeadActor::expire_actor_waiters(Clock::time_point now) {
+  for (auto& [id, a] : actors_) {
+    if (a.waiters.empty()) continue;
+    auto& ws = a.waiters;
+    std::vector<ActorWaiter> expired;
+    for (auto w = ws.begin(); w != ws.end();) {
+      if (w->deadline <= now) {
+        expired.push_back(std::move(*w));
+        w = ws.erase(w);
+      } else {
+        ++w;
+      }
+    }
+    for (auto& w : expired) {
+      w.fn(a.rec.info, Status(ErrorCode::timeout, "actor " + id + " is still " + a.rec.info.state +
+                                                      (a.rec.info.reason.empty() ? "" : ": " + a.rec.info.reason)));
+    }
+  }
+}
+
+void HeadActor::stop_group_actors(const std::string& group) {
+  std::vector<std::string> in_group;
+  for (auto& [id, a] : actors_) {
+    if (a.rec.spec.options.placement_group == group) in_group.push_back(id);
+  }
+  for (const std::string& id : in_group) actor_dead(id, "its placement group " + group + " was removed", true);
+  for (auto it = bundle_used_.begin(); it != bundle_used_.end();) {
+    it = it->first.first == group ? bundle_used_.erase(it) : std::next(it);
+  }
+}
+
+void HeadActor::load_actors() {
+  // Workers first: an actor whose worker is gone is restarted.
+  if (auto workers = store_->all("worker")) {
+    for (auto& [id, body] : *workers) {
+      auto rec = codec::decode<WorkerRecord>(body);
+      if (!rec) continue;
+      Worker w;
+      w.rec = std::move(*rec);
+      w.ready = true;
+      Worker& stored = workers_.emplace(id, std::move(w)).first->second;
+      if (!stored.rec.dedicated) shared_workers_[{stored.rec.node, stored.rec.executable}] = id;
+    }
+  }
+  std::vector<std::string> to_schedule;
+  if (auto actors = store_->all("actor")) {
+    for (auto& [id, body] : *actors) {
+      auto rec = codec::decode<ActorRecord>(body);
+      if (!rec) {
+        TROUPE_LOG(err, "event=store_record_unreadable kind=actor id={} reason=\"{}\"", id, rec.error().message());
+        continue;
+      }
+      ClusterActor a;
+      a.rec = std::move(*rec);
+      const ActorOptions& o = a.rec.spec.options;
+      if (!o.name.empty()) {
+        Named& n = names_[name_key(o)];
+        n.entry = NamedActor{o.ns, o.name, a.rec.info.address, a.rec.info.ref_id};
+        n.actor_id = id;
+      }
+      auto w = workers_.find(a.rec.info.worker);
+      bool running = a.rec.info.state == "alive" && w != workers_.end();
+      if (running) {
+        // Its resources stay reserved where it runs.
+        NodeIndex node = ledger_.find_node(a.rec.info.node);
+        if (!o.placement_group.empty()) {
+          auto pg = groups_.find(o.placement_group);
+          if (pg != groups_.end()) {
+            for (size_t b = 0; b < pg->second.info.bundle_nodes.size(); ++b) {
+              if (pg->second.info.bundle_nodes[b] != a.rec.info.node) continue;
+              if (o.bundle >= 0 && static_cast<int>(b) != o.bundle) continue;
+              ResourceMap& used = bundle_used_[{o.placement_group, static_cast<int>(b)}];
+              if (!fits_in(pg->second.info.spec.bundles[b].resources, used, o.resources)) continue;
+              for (auto& [name, amount] : o.resources) used[name] += amount;
+              a.in_bundle = static_cast<int>(b);
+              break;
+            }
+          }
+        } else if (node != kNoNode && ledger_.acquire(node, o.resources)) {
+          a.holds_on = node;
+        }
+        w->second.hosted.insert(id);
+        // Alive again once its worker is back in touch (AdoptWorker).
+        a.rec.info.state = "recovering";
+      } else {
+        if (a.rec.info.state == "alive") a.rec.info.state = "restarting";
+        to_schedule.push_back(id);
+      }
+      std::string aid = id;
+      ClusterActor& stored = actors_.emplace(aid, std::move(a)).first->second;
+      watch_owner(stored);
+    }
+  }
+  for (auto& [wid, w] : workers_) {
+    watch_worker(w);  // a worker that is gone fails its actors (restarts)
+    if (!w.ref) continue;
+    std::string worker_id = wid;
+    ask<Snapshots>(w.ref, AdoptWorker{self()}, kCreateAsk).then([this, worker_id](Result<Snapshots> r) {
+      auto it = workers_.find(worker_id);
+      if (it == workers_.end()) return;
+      if (!r) return worker_dead(worker_id, "it does not answer the restarted head: " + r.error().message());
+      for (auto& [id, bytes] : r->latest) {
+        if (actors_.count(id)) (void)store_->put("snap", id, bytes);
+      }
+      std::set<std::string> hosted = it->second.hosted;
+      for (const std::string& id : hosted) {
+        auto a = actors_.find(id);
+        if (a == actors_.end() || a->second.rec.info.state != "recovering") continue;
+        a->second.rec.info.state = "alive";
+        answer_waiters(a->second, Status());
+      }
+    });
+  }
+  for (const std::string& id : to_schedule) {
+    // Restarted and pending ones are tried once agents are back.
+    pending_actors_.push_back(id);
+  }
+  TROUPE_LOG(info, "event=actors_recovered actors={} workers={} to_place={}", actors_.size(), workers_.size(),
+             pending_actors_.size());
+}
+
+}  // namespace troupe::cluster

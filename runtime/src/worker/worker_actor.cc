@@ -1,0 +1,148 @@
+#include "worker/worker_actor.h"
+
+#include <stdlib.h>
+
+#include <cstdio>
+#include <future>
+
+#include "log.h"
+#include "troupe/detail/actor_class.h"
+#include "troupe/worker.h"
+
+namespace troupe::cluster {
+
+WorkerActor::WorkerActor(Runtime* rt, std::string worker_id, AnyRef agent, std::function<void()> done)
+    : rt_(rt), worker_id_(std::move(worker_id)), agent_(std::move(agent)), done_(std::move(done)) {}
+
+void WorkerActor::on_start() {
+  // A worker lives as long as its agent: the agent gone (killed, stopped),
+  // nothing would watch or restart this process's actors any more.
+  monitor(agent_, [this](const Down& d) {
+    TROUPE_LOG(warn, "event=worker_exiting worker={} reason=\"its agent is gone ({})\"", worker_id_,
+               d.reason.to_string());
+    done_();
+  });
+}
+
+Result<Location> WorkerActor::handle(const CreateActor& m) {
+  if (m.head) {
+    std::lock_guard<std::mutex> lock(head_->mu);
+    head_->head = m.head;
+  }
+  if (auto it = actors_.find(m.actor_id); it != actors_.end()) return it->second.where;  // a retried request
+  detail::ActorClassFactory make = detail::find_actor_class(m.class_key);
+  if (make == nullptr) {
+    return error(ErrorCode::not_found, "worker " + worker_id_ + ": this program has no actor class " + m.class_key +
+                                           " (workers run the driver's executable: was it rebuilt since?)");
+  }
+  SpawnOptions options;
+  options.name = m.actor_id;
+  options.mailbox_bound = static_cast<size_t>(m.mailbox_bound);
+  options.snapshot_every = m.snapshot_every;
+  auto spec = make(m.args, std::move(options));
+  if (!spec) return error(spec.error());
+  spec->snapshot = m.snapshot;
+  std::shared_ptr<HeadBox> head = head_;
+  std::string id = m.actor_id;
+  spec->on_snapshot = [head, id](const std::string& bytes) {
+    AnyRef h;
+    {
+      std::lock_guard<std::mutex> lock(head->mu);
+      head->latest[id] = bytes;
+      h = head->head;
+    }
+    if (h) (void)h.tell(SaveSnapshot{id, bytes});
+  };
+  AnyRef ref(detail::spawn_from_spec(*rt_, std::move(*spec)));
+  if (!ref) return error(ErrorCode::shutting_down, "worker " + worker_id_ + " is shutting down");
+  auto where = rt_->locate(ref);
+  if (!where) {
+    rt_->stop(ref);
+    return error(where.error());
+  }
+  Location loc{where->first, where->second};
+  actors_[id] = Hosted{ref, loc};
+  monitor(ref, [this, id, loc](const Down& d) {
+    auto it = actors_.find(id);
+    if (it != actors_.end() && it->second.where.id == loc.id) {
+      actors_.erase(it);
+      std::lock_guard<std::mutex> lock(head_->mu);
+      head_->latest.erase(id);
+    }
+    if (AnyRef h = head_->get()) {
+      (void)h.tell(ActorExited{id, loc, d.reason.abnormal(), d.reason.to_string()});
+    }
+  });
+  return loc;
+}
+
+void WorkerActor::handle(const StopActor& m) {
+  auto it = actors_.find(m.actor_id);
+  if (it != actors_.end()) rt_->stop(it->second.ref);
+}
+
+Snapshots WorkerActor::handle(const AdoptWorker& m) {
+  std::lock_guard<std::mutex> lock(head_->mu);
+  head_->head = m.head;
+  return Snapshots{head_->latest};
+}
+
+namespace {
+
+std::string take_env(const char* name) {
+  const char* v = getenv(name);
+  std::string s = v ? v : "";
+  unsetenv(name);  // processes the actors start are not workers
+  return s;
+}
+
+int run_worker(const std::string& worker_id, const std::string& agent_address, const std::string& listen) {
+  RuntimeConfig cfg;
+  cfg.listen = listen;
+  auto scheme = listen.find("://");
+  cfg.transport = scheme == std::string::npos ? "tcp" : listen.substr(0, scheme);
+  Runtime rt(cfg);
+  if (rt.address().empty()) {
+    std::fprintf(stderr, "troupe worker %s: cannot listen on %s\n", worker_id.c_str(), listen.c_str());
+    return 1;
+  }
+  auto agent = rt.resolve_any(agent_address + "/troupe.agent", std::chrono::seconds(10));
+  if (!agent) {
+    std::fprintf(stderr, "troupe worker %s: its agent at %s does not answer: %s\n", worker_id.c_str(),
+                 agent_address.c_str(), agent.error().message().c_str());
+    return 1;
+  }
+  std::promise<void> done;
+  std::once_flag once;
+  auto worker = rt.spawn<WorkerActor>(&rt, worker_id, *agent, [&] { std::call_once(once, [&] { done.set_value(); }); });
+  auto where = rt.locate(worker);
+  if (!where) {
+    std::fprintf(stderr, "troupe worker %s: %s\n", worker_id.c_str(), where.error().message().c_str());
+    return 1;
+  }
+  if (Status s = agent->tell(WorkerReady{worker_id, worker, Location{where->first, where->second}}); !s.ok()) {
+    std::fprintf(stderr, "troupe worker %s: cannot report to its agent: %s\n", worker_id.c_str(), s.message().c_str());
+    return 1;
+  }
+  TROUPE_LOG(info, "event=worker_serving worker={} address={}", worker_id, rt.address());
+  done.get_future().wait();
+  (void)rt.shutdown();
+  return 0;
+}
+
+}  // namespace
+}  // namespace troupe::cluster
+
+namespace troupe {
+
+bool is_worker_process() { return getenv(cluster::kWorkerIdEnv) != nullptr; }
+
+void serve_if_worker() {
+  if (!is_worker_process()) return;
+  std::string id = cluster::take_env(cluster::kWorkerIdEnv);
+  std::string agent = cluster::take_env(cluster::kWorkerAgentEnv);
+  std::string listen = cluster::take_env(cluster::kWorkerListenEnv);
+  std::exit(cluster::run_worker(id, agent, listen));
+}
+
+}  // namespace troupe

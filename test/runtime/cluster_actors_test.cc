@@ -1,0 +1,325 @@
+// Actors on the cluster, with real processes: workers that node agents start
+// from this test executable, placement by resources, bundles and labels,
+// restarts from snapshots after kill -9 of a worker or an agent, named
+// get-or-create, and owned actors stopping with their driver.
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <catch2/catch.hpp>
+
+#include "support/local_cluster.h"
+#include "support/test_driver.h"
+
+using namespace std::chrono_literals;
+using troupe::ErrorCode;
+using namespace troupe::test;
+
+namespace {
+
+struct Add {
+  int n = 0;
+  TROUPE_MESSAGE_NAMED(Add, "test.cluster.Add", n);
+};
+struct Total {
+  TROUPE_MESSAGE_NAMED(Total, "test.cluster.Total");
+};
+struct Pid {
+  TROUPE_MESSAGE_NAMED(Pid, "test.cluster.Pid");
+};
+struct Crash {
+  TROUPE_MESSAGE_NAMED(Crash, "test.cluster.Crash");
+};
+struct Tag {
+  TROUPE_MESSAGE_NAMED(Tag, "test.cluster.Tag");
+};
+
+/// A counter that snapshots after every change, so that a restart anywhere
+/// comes back with its total.
+class Counter : public troupe::Actor<Counter, Add, Total, Pid, Crash, Tag> {
+ public:
+  Counter(int start, std::string tag) : total_(start), tag_(std::move(tag)) {}
+  int handle(const Add& m) {
+    total_ += m.n;
+    checkpoint();
+    return total_;
+  }
+  int handle(const Total&) { return total_; }
+  int64_t handle(const Pid&) { return getpid(); }
+  void handle(const Crash&) { fail("asked to crash"); }
+  std::string handle(const Tag&) { return tag_; }
+
+  std::optional<std::string> snapshot() override { return std::to_string(total_); }
+  void restore(std::string_view bytes) override { total_ = std::stoi(std::string(bytes)); }
+
+ private:
+  int total_;
+  std::string tag_;
+};
+
+/// Polls the head until the actor is alive again (after a restart) and
+/// returns its record; the head answers as soon as it is.
+troupe::ActorInfo alive_again(const troupe::ClusterClient& c, const std::string& id, uint32_t restarts) {
+  auto deadline = std::chrono::steady_clock::now() + 20s;
+  for (;;) {
+    auto info = c.actor(id, 5s);
+    if (info && info->state == "alive" && info->restarts >= restarts) return *info;
+    if (std::chrono::steady_clock::now() > deadline) {
+      FAIL("actor " << id << " not back: " << (info ? info->state + " " + info->reason : info.error().message()));
+    }
+    std::this_thread::sleep_for(10ms);  // the old incarnation may still be listed alive for a moment
+  }
+}
+
+}  // namespace
+
+TEST_CASE("cluster actors: spawn runs an actor in a worker process started by an agent; asks reach it",
+          "[cluster][actors]") {
+  LocalCluster local(2);
+  auto& cluster = local.cluster;
+  auto info = cluster.spawn_info<Counter>({}, 5, "first");
+  REQUIRE(info.has_value());
+  CHECK(info->state == "alive");
+  CHECK((info->node == "a1" || info->node == "a2"));
+  auto counter = cluster.ref_to<Counter>(*info).value();
+  CHECK(counter.ask(Add{3}).get().value() == 8);
+  CHECK(counter.ask(Tag{}).get().value() == "first");  // a string literal travelled as std::string
+  int64_t pid = counter.ask(Pid{}).get().value();
+  CHECK(pid != getpid());
+
+  // More actors spread over both nodes; actors of one program share the
+  // node's worker process unless they ask for their own.
+  std::set<std::string> nodes;
+  std::set<int64_t> pids;
+  for (int i = 0; i < 4; ++i) {
+    auto more = cluster.spawn_info<Counter>({}, i, "more");
+    REQUIRE(more.has_value());
+    nodes.insert(more->node);
+    pids.insert(cluster.ref_to<Counter>(*more).value().ask(Pid{}).get().value());
+  }
+  CHECK(nodes.size() == 2);
+  CHECK(pids.size() == 2);
+  auto own = cluster.spawn<Counter>({.dedicated_process = true}, 0, "own").value();
+  int64_t own_pid = own.ask(Pid{}).get().value();
+  CHECK(pids.count(own_pid) == 0);
+
+  auto listed = cluster.list_actors().value();
+  CHECK(listed.size() == 6);
+  for (auto& a : listed) CHECK(a.state == "alive");
+}
+
+TEST_CASE("cluster actors: kill -9 of its worker brings the actor back with its last snapshot", "[cluster][actors]") {
+  LocalCluster local(1);
+  auto& cluster = local.cluster;
+  auto info = cluster.spawn_info<Counter>({.max_restarts = -1}, 100, "state").value();
+  auto counter = cluster.ref_to<Counter>(info).value();
+  REQUIRE(counter.ask(Add{11}).get().value() == 111);
+  int64_t pid = counter.ask(Pid{}).get().value();
+  REQUIRE(::kill(static_cast<pid_t>(pid), SIGKILL) == 0);
+  // The old incarnation is gone: an ask to it fails rather than hangs.
+  auto lost = counter.ask(Total{}, 5s).get();
+  REQUIRE_FALSE(lost.has_value());
+  CHECK((lost.error().code() == ErrorCode::peer_lost || lost.error().code() == ErrorCode::actor_dead));
+
+  auto back = alive_again(cluster, info.id, 1);
+  CHECK(back.restarts == 1);
+  auto again = cluster.ref_to<Counter>(back).value();
+  CHECK(again.ask(Total{}).get().value() == 111);
+  CHECK(again.ask(Pid{}).get().value() != pid);
+}
+
+TEST_CASE("cluster actors: a crash restarts it up to max_restarts, then it is dead with the reason",
+          "[cluster][actors]") {
+  LocalCluster local(1);
+  auto& cluster = local.cluster;
+  auto info = cluster.spawn_info<Counter>({.max_restarts = 1}, 0, "crashy").value();
+  auto first = cluster.ref_to<Counter>(info).value();
+  REQUIRE(first.ask(Add{4}).get().value() == 4);
+  CHECK_FALSE(first.ask(Crash{}).get().has_value());
+  auto back = alive_again(cluster, info.id, 1);
+  auto second = cluster.ref_to<Counter>(back).value();
+  CHECK(second.ask(Total{}).get().value() == 4);  // the snapshot taken before the crash
+  CHECK_FALSE(second.ask(Crash{}).get().has_value());
+  // Restarts used up: dead, and the head says why.
+  troupe::Result<troupe::ActorInfo> gone = troupe::error(ErrorCode::timeout, "not yet");
+  for (int i = 0; i < 500; ++i) {
+    gone = cluster.actor(info.id);
+    if (!gone) break;
+    std::this_thread::sleep_for(10ms);  // polling the head
+  }
+  REQUIRE_FALSE(gone.has_value());
+  CHECK(gone.error().code() == ErrorCode::actor_dead);
+  CHECK_THAT(gone.error().message(), Catch::Contains("crashed") && Catch::Contains("max_restarts"));
+}
+
+TEST_CASE("cluster actors: an actor waits pending with its reason until resources free up, then runs",
+          "[cluster][actors]") {
+  LocalCluster local(1);  // 2 CPUs
+  auto& cluster = local.cluster;
+  auto big = cluster.spawn_info<Counter>({.resources = {{"CPU", 2}}}, 0, "big").value();
+  auto waiting = cluster.spawn_async<Counter>({.resources = {{"CPU", 1}}}, 0, "waits");
+  REQUIRE(status_until(cluster, 5s, [](const troupe::ClusterStatus& st) {
+    for (auto& a : st.actors) {
+      if (a.state == "pending" && a.reason.find("waiting for resources") != std::string::npos) return true;
+    }
+    return false;
+  }));
+  // Asking for more than any node has is not an error: it waits as well.
+  REQUIRE(cluster.kill_actor(big.id).ok());
+  auto placed = waiting.get();
+  REQUIRE(placed.has_value());
+  CHECK(placed->state == "alive");
+  CHECK(cluster.actor(big.id).error().code() == ErrorCode::actor_dead);
+}
+
+TEST_CASE("cluster actors: bundles and label selectors place actors; removing the group stops its actors",
+          "[cluster][actors]") {
+  LocalCluster local(0);
+  auto& cluster = local.cluster;
+  local.add_agent("a1", "2", "rack=r1");
+  local.add_agent("a2", "2", "rack=r2");
+  troupe::PlacementGroupSpec spec;
+  spec.strategy = troupe::PlacementStrategy::strict_spread;
+  spec.bundles.assign(2, troupe::Bundle{{{"CPU", 1}}});
+  auto pg = cluster.create_placement_group(spec).value();
+  auto group = cluster.wait_placement_group(pg, 10s).value();
+  std::vector<troupe::ActorInfo> members;
+  for (int b = 0; b < 2; ++b) {
+    auto m = cluster.spawn_info<Counter>({.resources = {{"CPU", 1}}, .placement_group = pg, .bundle = b}, b, "member");
+    REQUIRE(m.has_value());
+    CHECK(m->node == group.bundle_nodes[b]);
+    members.push_back(*m);
+  }
+  // The bundles are full now: a third member waits.
+  auto third = cluster.spawn_async<Counter>({.resources = {{"CPU", 1}}, .placement_group = pg}, 2, "member");
+
+  auto on_r2 = cluster.spawn_info<Counter>({.label_selector = troupe::parse_label_selector("rack=r2").value()}, 0, "r2");
+  REQUIRE(on_r2.has_value());
+  CHECK(on_r2->node == "a2");
+
+  REQUIRE(cluster.remove_placement_group(pg).ok());
+  for (auto& m : members) {
+    auto r = cluster.actor(m.id);
+    REQUIRE_FALSE(r.has_value());
+    CHECK_THAT(r.error().message(), Catch::Contains("placement group"));
+  }
+  auto third_result = third.get();
+  REQUIRE_FALSE(third_result.has_value());
+  CHECK_THAT(third_result.error().message(), Catch::Contains("placement group"));
+  CHECK(cluster.actor(on_r2->id).value().state == "alive");  // outside the group: untouched
+}
+
+TEST_CASE("cluster actors: named get-or-create: of racing spawns one actor is made and all get it",
+          "[cluster][actors]") {
+  LocalCluster local(1);
+  auto& cluster = local.cluster;
+  constexpr int kRacers = 8;
+  std::vector<troupe::Result<troupe::ActorInfo>> got(kRacers, troupe::error(ErrorCode::timeout, "not yet"));
+  std::vector<std::thread> racers;
+  for (int i = 0; i < kRacers; ++i) {
+    racers.emplace_back([&, i] { got[i] = cluster.spawn_info<Counter>({.name = "shared", .ns = "race"}, i, "racer"); });
+  }
+  for (auto& t : racers) t.join();
+  std::set<std::string> ids;
+  for (auto& g : got) {
+    REQUIRE(g.has_value());
+    ids.insert(g->id);
+  }
+  CHECK(ids.size() == 1);
+  CHECK(cluster.list_actors().value().size() == 1);
+  auto by_name = cluster.get_actor_as<Counter>("shared", "race");
+  REQUIRE(by_name.has_value());
+  CHECK(by_name->ask(Tag{}).get().value() == "racer");
+  CHECK(cluster.actor_named("shared", "race").value().id == *ids.begin());
+}
+
+TEST_CASE("cluster actors: an owned actor stops when its driver dies; a detached one lives on", "[cluster][actors]") {
+  LocalCluster local(1);
+  auto& cluster = local.cluster;
+  // A second driver: this test binary in driver mode (support/test_driver.h).
+  int out[2];
+  REQUIRE(pipe(out) == 0);
+  int in[2];
+  REQUIRE(pipe(in) == 0);
+  pid_t driver_pid = fork();
+  REQUIRE(driver_pid >= 0);
+  if (driver_pid == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    dup2(out[1], 1);
+    dup2(in[0], 0);
+    setenv("TROUPE_TEST_DRIVER_HEAD", local.head_process->address().c_str(), 1);
+    setenv("TROUPE_CLUSTER_TOKEN", kToken, 1);
+    execl("/proc/self/exe", "troupe_tests", static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  close(out[1]);
+  close(in[0]);
+  std::string said;
+  char c;
+  while (read(out[0], &c, 1) == 1 && c != '\n') said += c;
+  close(out[0]);
+  REQUIRE(said == "ready");
+  auto owned = cluster.actor_named("owned", "owners").value();
+  auto detached = cluster.actor_named("detached", "owners").value();
+  CHECK(owned.state == "alive");
+
+  ::kill(driver_pid, SIGKILL);
+  waitpid(driver_pid, nullptr, 0);
+  close(in[1]);
+  troupe::Result<troupe::ActorInfo> after = owned;
+  for (int i = 0; i < 500 && after; ++i) {
+    after = cluster.actor(owned.id);
+    if (after) std::this_thread::sleep_for(10ms);  // polling the head
+  }
+  REQUIRE_FALSE(after.has_value());
+  CHECK_THAT(after.error().message(), Catch::Contains("owner"));
+  auto still = cluster.actor(detached.id);
+  REQUIRE(still.has_value());
+  CHECK(still->state == "alive");
+  auto probe = cluster.ref_to<Probe>(*still).value();
+  CHECK(probe.ask(WhichProcess{}).get().has_value());
+}
+
+TEST_CASE("cluster actors: kill -9 of an agent restarts its actors on another node with their state",
+          "[cluster][actors]") {
+  LocalCluster local(2);
+  auto& cluster = local.cluster;
+  auto info = cluster.spawn_info<Counter>({.max_restarts = -1}, 0, "mover").value();
+  auto counter = cluster.ref_to<Counter>(info).value();
+  REQUIRE(counter.ask(Add{42}).get().value() == 42);
+  Daemon& doomed = *local.agents[info.node == "a1" ? 0 : 1];
+  doomed.kill9();
+  auto back = alive_again(cluster, info.id, 1);
+  CHECK(back.node != info.node);
+  CHECK(cluster.ref_to<Counter>(back).value().ask(Total{}).get().value() == 42);
+}
+
+TEST_CASE("cluster actors: kill -9 of the head: actors keep answering, and the restarted head still restarts them",
+          "[cluster][actors]") {
+  LocalCluster local(1);
+  auto& cluster = local.cluster;
+  auto info = cluster.spawn_info<Counter>({.name = "survivor", .max_restarts = -1}, 7, "s").value();
+  auto counter = cluster.ref_to<Counter>(info).value();
+  std::string address = local.head_process->address();
+  local.head_process->kill9();
+  CHECK(counter.ask(Add{1}).get().value() == 8);  // no head needed between actors
+  local.head_process = head(local.home, address.substr(address.rfind(':') + 1));
+  auto known = cluster.actor(info.id, 5s);
+  REQUIRE(known.has_value());
+  CHECK(known->state == "alive");
+  CHECK(known->address == info.address);
+  // The snapshot taken while the head was down (8) reached the new head when
+  // it adopted the worker; this one (9) goes to it directly.
+  CHECK(counter.ask(Add{1}).get().value() == 9);
+  int64_t pid = counter.ask(Pid{}).get().value();
+  REQUIRE(::kill(static_cast<pid_t>(pid), SIGKILL) == 0);
+  auto back = alive_again(cluster, info.id, 1);
+  CHECK(cluster.ref_to<Counter>(back).value().ask(Total{}).get().value() == 9);
+  CHECK(cluster.get_actor_as<Counter>("survivor").value().ask(Total{}).get().value() == 9);
+}

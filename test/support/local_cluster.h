@@ -1,0 +1,99 @@
+// A local cluster for tests: a head and node agents started with the `troupe`
+// command line (in the foreground, as children of the test, dying with it),
+// and a driver runtime connected to the head.
+#pragma once
+
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <catch2/catch.hpp>
+
+#include "support/daemon.h"
+#include "troupe/cluster.h"
+#include "troupe/troupe.h"
+
+namespace troupe::test {
+
+using namespace std::chrono_literals;
+namespace fs = std::filesystem;
+
+using Clock = std::chrono::steady_clock;
+
+inline constexpr const char* kToken = "cluster-test-token";
+
+struct TempHome {
+  fs::path path = fs::temp_directory_path() /
+                  ("troupe-cluster-" + std::to_string(getpid()) + "-" +
+                   std::to_string(Clock::now().time_since_epoch().count()));
+  ~TempHome() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+};
+
+inline std::unique_ptr<Daemon> launch(const TempHome& home, std::vector<std::string> args) {
+  auto d = std::make_unique<Daemon>(TROUPE_CLI, home.path, kToken, std::move(args));
+  INFO("the daemon said: " << d->said());
+  REQUIRE(d->ok());
+  return d;
+}
+
+inline std::unique_ptr<Daemon> head(const TempHome& home, const std::string& port = "0") {
+  return launch(home, {"start", "--head", "--port", port, "--data-dir", (home.path / "head").string()});
+}
+inline std::unique_ptr<Daemon> agent(const TempHome& home, const std::string& head_address, const std::string& id,
+                                     const std::string& cpus = "2", const std::string& labels = "") {
+  std::vector<std::string> args{"start", "--address", head_address, "--node-id", id, "--cpus", cpus};
+  if (!labels.empty()) {
+    args.push_back("--labels");
+    args.push_back(labels);
+  }
+  return launch(home, args);
+}
+
+/// Polls the head's status until `pred` holds or `timeout` passes.
+template <class Pred>
+bool status_until(const troupe::ClusterClient& c, std::chrono::milliseconds timeout, Pred pred) {
+  auto deadline = Clock::now() + timeout;
+  while (Clock::now() < deadline) {
+    if (auto st = c.status(); st && pred(*st)) return true;
+    std::this_thread::sleep_for(20ms);  // polling another process's view, not synchronising threads
+  }
+  return false;
+}
+
+inline troupe::RuntimeConfig driver() {
+  troupe::RuntimeConfig cfg;
+  cfg.listen = "tcp://127.0.0.1:0";  // named actors must be reachable
+  cfg.log_level = "error";
+  cfg.cluster_token = kToken;
+  return cfg;
+}
+
+/// A head, agents "a1".."a<n>" (2 CPUs each), and a driver connected to the
+/// head once all of them have registered.
+struct LocalCluster {
+  TempHome home;
+  std::unique_ptr<Daemon> head_process = head(home);
+  std::vector<std::unique_ptr<Daemon>> agents;
+  troupe::Runtime rt{driver()};
+  troupe::ClusterClient cluster = troupe::ClusterClient::connect(rt, head_process->address()).value();
+
+  explicit LocalCluster(int n) {
+    for (int i = 1; i <= n; ++i) add_agent("a" + std::to_string(i));
+  }
+  Daemon& add_agent(const std::string& id, const std::string& cpus = "2", const std::string& labels = "") {
+    agents.push_back(agent(home, head_process->address(), id, cpus, labels));
+    size_t want = agents.size();
+    REQUIRE(status_until(cluster, 5s, [&](auto& st) { return st.nodes.size() == want; }));
+    return *agents.back();
+  }
+};
+
+}  // namespace troupe::test
