@@ -3,6 +3,11 @@
 // this process.
 //   - placement-group create + ready + remove per second (Ray's published
 //     figure: ~790/s), from 8 driver threads;
+//   - actors spawned per second across the 4 agents, 10,000 actors (Ray's
+//     published figure: ~550/s), from 8 driver threads, in the agents'
+//     worker processes (this executable, started by them);
+//   - kill -9 of an actor's worker process until the actor (restarted in a
+//     new process, from its snapshot) answers an ask again: p50 and p99;
 //   - kill -9 of an agent until the head has declared its node dead (Ray:
 //     ~15 s by default);
 //   - kill -9 of the head until a head started again on its data directory
@@ -24,6 +29,7 @@
 #include "cluster/protocol.h"
 #include "support/daemon.h"
 #include "troupe/cluster.h"
+#include "troupe/worker.h"
 
 using troupe::bench::emit;
 using troupe::cluster::GetNodeId;
@@ -38,9 +44,34 @@ constexpr const char* kToken = "bench-token";
 
 double ms_since(Clock::time_point t0) { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); }
 
+struct Hit {
+  TROUPE_MESSAGE_NAMED(Hit, "bench.cluster.Hit");
+};
+struct WhichPid {
+  TROUPE_MESSAGE_NAMED(WhichPid, "bench.cluster.WhichPid");
+};
+/// The spawned actor: counts its hits and checkpoints the count before it
+/// answers (so that an answered hit survives a kill -9).
+class Tally : public troupe::Actor<Tally, Hit, WhichPid> {
+ public:
+  explicit Tally(int start) : n_(start) {}
+  int handle(const Hit&) {
+    ++n_;
+    checkpoint();
+    return n_;
+  }
+  int64_t handle(const WhichPid&) { return getpid(); }
+  std::optional<std::string> snapshot() override { return std::to_string(n_); }
+  void restore(std::string_view b) override { n_ = std::stoi(std::string(b)); }
+
+ private:
+  int n_;
+};
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  troupe::serve_if_worker();  // the agents start this executable as their workers
   bool quick = troupe::bench::quick(argc, argv);
   fs::path home = fs::temp_directory_path() / ("troupe-bench-" + std::to_string(getpid()));
   auto cleanup = [&] {
@@ -69,6 +100,7 @@ int main(int argc, char** argv) {
   troupe::RuntimeConfig cfg;
   cfg.cluster_token = kToken;
   cfg.log_level = "error";
+  cfg.listen = "tcp://127.0.0.1:0";  // the owner of the actors it spawns
   troupe::Runtime rt(cfg);
   auto cluster = troupe::ClusterClient::connect(rt, address);
   if (!cluster) return fail(cluster.error().to_string());
@@ -125,6 +157,73 @@ int main(int argc, char** argv) {
        "Ray published: ~790 placement groups created+removed per second", 790, "value >= 10000");
   emit("cluster.placement_group_create_remove", "cycle_per_group_p50", quantile(all, 0.5), "us",
        "ask round trip to an agent process, p50 (this run)", floor_us, "report");
+
+  // Actors: 10,000 spawned across the 4 agents, 8 drivers each with 64 in
+  // flight; the first ones on each node wait for its worker process.
+  {
+    const int total = quick ? 2000 : 10000, per = total / threads, in_flight = 64;
+    std::atomic<int> failed{0};
+    std::vector<std::vector<double>> spawn_lat(threads);
+    auto s0 = Clock::now();
+    std::vector<std::thread> spawners;
+    for (int t = 0; t < threads; ++t) {
+      spawners.emplace_back([&, t] {
+        for (int i = 0; i < per; i += in_flight) {
+          auto w0 = Clock::now();
+          std::vector<troupe::Future<troupe::ActorInfo>> batch;
+          for (int k = 0; k < in_flight && i + k < per; ++k) batch.push_back(cluster->spawn_async<Tally>({}, k));
+          for (auto& f : batch) {
+            if (!f.get()) ++failed;
+          }
+          spawn_lat[t].push_back(ms_since(w0) * 1000 / static_cast<double>(batch.size()));
+        }
+      });
+    }
+    for (auto& s : spawners) s.join();
+    double spawn_secs = ms_since(s0) / 1000;
+    std::vector<double> per_actor;
+    for (auto& l : spawn_lat) per_actor.insert(per_actor.end(), l.begin(), l.end());
+    if (failed) std::fprintf(stderr, "cluster_bench: %d spawns failed\n", failed.load());
+    errors += failed;
+    emit("cluster.actor_spawn", "per_s", (per * threads - failed) / spawn_secs, "actors/s",
+         "Ray published: ~550 actors launched per second", 550, "value >= 10000");
+    emit("cluster.actor_spawn", "per_actor_p50", quantile(per_actor, 0.5), "us",
+         "ask round trip to an agent process, p50 (this run)", floor_us, "report");
+  }
+
+  // kill -9 of an actor's worker -> the actor answers again (restarted in a
+  // new worker process, with its snapshot).
+  {
+    const int rounds = quick ? 5 : 30;
+    std::vector<double> back_ms;
+    for (int r = 0; r < rounds; ++r) {
+      auto info = cluster->spawn_info<Tally>({.max_restarts = -1, .dedicated_process = true}, 0);
+      if (!info) return fail("spawn: " + info.error().to_string());
+      auto ref = cluster->ref_to<Tally>(*info);
+      auto pid = ref ? ref->ask(WhichPid{}).get() : troupe::Result<int64_t>(troupe::error(ref.error()));
+      if (!pid || !ref->ask(Hit{}).get()) return fail("first ask failed");
+      auto k0 = Clock::now();
+      ::kill(static_cast<pid_t>(*pid), SIGKILL);
+      double took = -1;
+      while (ms_since(k0) < 10000) {
+        auto now = cluster->actor(info->id, std::chrono::seconds(5));
+        if (!now || now->address == info->address) continue;  // the head has not noticed yet
+        auto again = cluster->ref_to<Tally>(*now);
+        auto n = again ? again->ask(Hit{}).get() : troupe::Result<int>(troupe::error(again.error()));
+        if (n) {
+          if (*n != 2) return fail("the restarted actor lost its state: " + std::to_string(*n));
+          took = ms_since(k0);
+          break;
+        }
+      }
+      if (took < 0) return fail("the actor did not answer again within 10 s");
+      back_ms.push_back(took);
+      (void)cluster->kill_actor(info->id);
+    }
+    emit("cluster.worker_kill9_to_answer", "p50", quantile(back_ms, 0.5), "ms",
+         "Ray: a restarted actor starts a new worker process (no published figure)", 0, "value <= 300 ms");
+    emit("cluster.worker_kill9_to_answer", "p99", quantile(back_ms, 0.99), "ms", "same", 0, "report");
+  }
 
   // kill -9 of an agent -> the head declares its node dead.
   auto killed = Clock::now();

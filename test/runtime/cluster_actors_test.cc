@@ -10,9 +10,11 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include <catch2/catch.hpp>
+#include <nlohmann/json.hpp>
 
 #include "support/local_cluster.h"
 #include "support/test_driver.h"
@@ -322,4 +324,32 @@ TEST_CASE("cluster actors: kill -9 of the head: actors keep answering, and the r
   auto back = alive_again(cluster, info.id, 1);
   CHECK(cluster.ref_to<Counter>(back).value().ask(Total{}).get().value() == 9);
   CHECK(cluster.get_actor_as<Counter>("survivor").value().ask(Total{}).get().value() == 9);
+}
+
+TEST_CASE("troupe command line: list actors and status show the cluster's actors by state", "[cluster][actors]") {
+  LocalCluster local(1);
+  auto cli = [&](const std::string& args) {
+    return troupe::test::run_command("TROUPE_HOME=" + local.home.path.string() + " TROUPE_CLUSTER_TOKEN=" + kToken +
+                                     " " + TROUPE_CLI + " " + args + " --address " + local.head_process->address());
+  };
+  auto info = local.cluster.spawn_info<Counter>({.name = "c1"}, 1, "x").value();
+
+  auto [code, out] = cli("list actors");
+  CHECK(code == 0);
+  CHECK_THAT(out, Catch::Contains(info.id));
+  CHECK_THAT(out, Catch::Contains("alive"));
+  CHECK_THAT(out, Catch::Contains("default/c1"));
+
+  std::tie(code, out) = cli("list actors --json");
+  CHECK(code == 0);
+  auto listed = nlohmann::json::parse(out, nullptr, /*allow_exceptions=*/false);
+  REQUIRE(listed.is_array());
+  REQUIRE(listed.size() == 1);
+  CHECK(listed[0]["id"] == info.id);
+  CHECK(listed[0]["state"] == "alive");
+  CHECK(listed[0]["options"]["name"] == "c1");
+
+  std::tie(code, out) = cli("status");
+  CHECK(code == 0);
+  CHECK_THAT(out, Catch::Contains("actors: 1 alive"));
 }

@@ -18,6 +18,7 @@
 #include <fstream>
 #include <iostream>
 #include <iterator>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -208,6 +209,64 @@ std::string fmt_resources(const troupe::ResourceMap& r) {
   return s;
 }
 
+json to_json(const troupe::LabelSelector& selector) {
+  json out = json::array();
+  for (auto& c : selector) out.push_back({{"key", c.key}, {"values", c.values}, {"negate", c.negate}});
+  return out;
+}
+
+json to_json(const troupe::ActorInfo& a) {
+  const troupe::ActorOptions& o = a.options;
+  json options = {{"name", o.name},
+                  {"ns", o.ns},
+                  {"resources", o.resources},
+                  {"placement_group", o.placement_group},
+                  {"bundle", o.bundle},
+                  {"label_selector", to_json(o.label_selector)},
+                  {"max_restarts", o.max_restarts},
+                  {"detached", o.detached},
+                  {"snapshot_every", o.snapshot_every},
+                  {"mailbox_bound", o.mailbox_bound},
+                  {"dedicated_process", o.dedicated_process}};
+  return {{"id", a.id},
+          {"class_name", a.class_name},
+          {"state", a.state},
+          {"reason", a.reason},
+          {"node", a.node},
+          {"worker", a.worker},
+          {"address", a.address},
+          {"ref_id", a.ref_id},
+          {"restarts", a.restarts},
+          {"options", options}};
+}
+
+/// "ns::Counter(int, std::string)" -> "ns::Counter": the class without its
+/// constructor's argument types (matching the last, outermost parentheses, so
+/// that "(anonymous namespace)::Counter(int)" keeps its namespace).
+std::string short_class(const std::string& key) {
+  if (key.empty() || key.back() != ')') return key;
+  int depth = 0;
+  for (size_t i = key.size(); i-- > 0;) {
+    if (key[i] == ')') ++depth;
+    if (key[i] == '(' && --depth == 0) return key.substr(0, i);
+  }
+  return key;
+}
+
+/// "ns/name", or "-" for an anonymous actor.
+std::string actor_name(const troupe::ActorInfo& a) {
+  return a.options.name.empty() ? "-" : a.options.ns + "/" + a.options.name;
+}
+
+void print_actors(const std::vector<troupe::ActorInfo>& actors) {
+  std::printf("%-24s %-24s %-10s %-16s %-8s %-20s %s\n", "ID", "CLASS", "STATE", "NODE", "RESTARTS", "NAME", "REASON");
+  for (auto& a : actors) {
+    std::printf("%-24s %-24s %-10s %-16s %-8u %-20s %s\n", a.id.c_str(), short_class(a.class_name).c_str(),
+                a.state.c_str(), a.node.empty() ? "-" : a.node.c_str(), a.restarts, actor_name(a).c_str(),
+                a.state == "alive" ? "" : a.reason.c_str());
+  }
+}
+
 json to_json(const troupe::ClusterStatus& st) {
   json nodes = json::array(), pgs = json::array();
   for (auto& n : st.nodes) {
@@ -232,7 +291,10 @@ json to_json(const troupe::ClusterStatus& st) {
                     {"exit_code", j.exit_code}, {"message", j.message}, {"submitted_ms", j.submitted_ms},
                     {"ended_ms", j.ended_ms}});
   }
-  return {{"head", st.head_address}, {"nodes", nodes}, {"placement_groups", pgs}, {"jobs", jobs}};
+  json actors = json::array();
+  for (auto& a : st.actors) actors.push_back(to_json(a));
+  return {{"head", st.head_address},         {"nodes", nodes}, {"placement_groups", pgs}, {"jobs", jobs},
+          {"actors_by_state", st.actors_by_state}, {"actors", actors}};
 }
 
 /// A driver's runtime and its connection to the head, for one command.
@@ -282,6 +344,26 @@ void print_status(const troupe::ClusterStatus& st) {
     std::printf("  %-24s %-10s on %-16s %s\n", j.id.c_str(), j.state.c_str(), j.node.c_str(),
                 j.command.empty() ? "" : j.command[0].c_str());
   }
+  // Actors: counts by state, then the ones waiting (pending, restarting) with why.
+  std::map<std::string, int64_t> by_state = st.actors_by_state;
+  std::string counts;
+  for (const char* s : {"alive", "pending", "restarting", "dead"}) {
+    counts += (counts.empty() ? "" : ", ") + std::to_string(by_state[s]) + " " + s;
+    by_state.erase(s);
+  }
+  for (auto& [s, n] : by_state) counts += ", " + std::to_string(n) + " " + s;  // starting, recovering, ...
+  std::printf("actors: %s\n", counts.c_str());
+  constexpr size_t kMaxWaiting = 20;
+  size_t waiting = 0;
+  for (auto& a : st.actors) {
+    if (a.state != "pending" && a.state != "restarting") continue;
+    if (++waiting > kMaxWaiting) continue;
+    std::printf("  %-24s %-24s %-10s %s\n", a.id.c_str(), short_class(a.class_name).c_str(), a.state.c_str(),
+                a.reason.empty() ? "-" : a.reason.c_str());
+  }
+  if (waiting > kMaxWaiting) {
+    std::printf("  ... and %zu more (troupe list actors)\n", waiting - kMaxWaiting);
+  }
 }
 
 }  // namespace
@@ -322,9 +404,9 @@ int main(int argc, char** argv) {
   auto* status = app.add_subcommand("status", "Nodes, their resources, placement groups and their state");
   status->add_option("--address", status_address, "The head (default: $TROUPE_ADDRESS or the local head)");
   status->add_flag("--json", as_json, "Print JSON");
-  auto* list = app.add_subcommand("list", "List nodes or placement groups");
+  auto* list = app.add_subcommand("list", "List nodes, actors or placement groups");
   std::string what;
-  list->add_option("what", what, "nodes or pgs")->required()->check(CLI::IsMember({"nodes", "pgs"}));
+  list->add_option("what", what, "nodes|actors|pgs")->required()->check(CLI::IsMember({"nodes", "actors", "pgs"}));
   list->add_option("--address", status_address, "The head (default: $TROUPE_ADDRESS or the local head)");
   list->add_flag("--json", as_json, "Print JSON");
 
@@ -426,6 +508,21 @@ int main(int argc, char** argv) {
     if (!s.ok()) {
       fg.say("error " + s.message());
       return fail(role + ": " + s.message());
+    }
+    return 0;
+  }
+
+  if (*list && what == "actors") {
+    auto d = connect_driver(status_address);
+    if (!d) return fail("list: " + d.error().message());
+    auto actors = d->cluster->list_actors(std::chrono::seconds(5));
+    if (!actors) return fail("list: " + actors.error().message());
+    if (as_json) {
+      json items = json::array();
+      for (auto& a : *actors) items.push_back(to_json(a));
+      std::printf("%s\n", items.dump(2).c_str());
+    } else {
+      print_actors(*actors);
     }
     return 0;
   }

@@ -12,6 +12,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <tuple>
@@ -159,9 +160,13 @@ struct ClusterStatus {
   std::vector<PlacementGroupInfo> placement_groups;
   std::vector<JobInfo> jobs;
   std::vector<NamedActor> named_actors;
+  /// How many actors are in each state ("alive", "pending", ...).
+  std::map<std::string, int64_t> actors_by_state;
+  /// The actors that are not alive (waiting for a place, restarting, the
+  /// last dead ones), with their reasons; every actor: list_actors().
   std::vector<ActorInfo> actors;
 
-  TROUPE_FIELDS(head_address, nodes, placement_groups, jobs, named_actors, actors);
+  TROUPE_FIELDS(head_address, nodes, placement_groups, jobs, named_actors, actors_by_state, actors);
 };
 
 /// A driver's handle on a running cluster. Cheap to copy; the Runtime it

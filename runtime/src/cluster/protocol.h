@@ -248,7 +248,8 @@ struct SaveSnapshot {
 /// taken while no head was there to keep them included).
 struct Snapshots {
   std::map<std::string, std::string> latest;  // actor id -> bytes
-  TROUPE_MESSAGE_NAMED(Snapshots, "troupe.Snapshots", latest);
+  std::vector<std::string> hosted;            // every actor it hosts
+  TROUPE_MESSAGE_NAMED(Snapshots, "troupe.Snapshots", latest, hosted);
 };
 struct AdoptWorker {
   AnyRef head;

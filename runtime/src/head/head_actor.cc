@@ -251,7 +251,12 @@ ClusterStatus HeadActor::handle(const GetClusterStatus&) {
   for (auto& [id, g] : groups_) st.placement_groups.push_back(g.info);
   for (auto& [id, j] : jobs_) st.jobs.push_back(j);
   for (auto& [key, n] : names_) st.named_actors.push_back(n.entry);
-  st.actors = handle(ListActors{});
+  for (auto& [id, a] : actors_) {
+    ++st.actors_by_state[a.rec.info.state];
+    if (a.rec.info.state != "alive") st.actors.push_back(a.rec.info);
+  }
+  if (!dead_actors_.empty()) st.actors_by_state["dead"] = static_cast<int64_t>(dead_actors_.size());
+  st.actors.insert(st.actors.end(), dead_actors_.begin(), dead_actors_.end());
   return st;
 }
 

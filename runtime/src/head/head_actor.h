@@ -173,6 +173,8 @@ class HeadActor : public Actor<HeadActor, RegisterNode, NodeHeartbeat, CreatePla
   void watch_worker(Worker& w);
   void watch_owner(const ClusterActor& a);
   Status persist_actor(const ClusterActor& a);
+  /// Applies changes to the store, or adds them to the batch in progress.
+  Status write(std::vector<Store::Change> changes);
   void answer_waiters(ClusterActor& a, const Status& status);
   void expire_actor_waiters(std::chrono::steady_clock::time_point now);
   /// Stops the actors of a placement group being removed.
@@ -187,6 +189,8 @@ class HeadActor : public Actor<HeadActor, RegisterNode, NodeHeartbeat, CreatePla
   std::map<std::pair<std::string, int>, ResourceMap> bundle_used_;             // (group, bundle) -> in use
   std::map<std::pair<std::string, uint64_t>, Owner> owners_;                   // owner location -> its actors
   size_t next_actor_node_ = 0;
+  /// While set, writes gather here and commit together (worker_dead).
+  std::vector<Store::Change>* batch_ = nullptr;
 };
 
 }  // namespace troupe::cluster

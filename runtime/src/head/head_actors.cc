@@ -55,8 +55,16 @@ constexpr std::chrono::seconds kCreateAsk{30};
 
 }  // namespace
 
+Status HeadActor::write(std::vector<Store::Change> changes) {
+  if (batch_ != nullptr) {
+    for (auto& c : changes) batch_->push_back(std::move(c));
+    return {};
+  }
+  return store_->apply(changes);
+}
+
 Status HeadActor::persist_actor(const ClusterActor& a) {
-  return store_->put("actor", a.rec.info.id, codec::encode(a.rec));
+  return write({{"actor", a.rec.info.id, codec::encode(a.rec)}});
 }
 
 Deferred<ActorInfo> HeadActor::handle(const SpawnActor& m) {
@@ -126,16 +134,16 @@ Deferred<ActorInfo> HeadActor::handle(const SpawnActor& m) {
       return reply;
     }
   }
+  // Written to the store once it is alive, before that is answered: a head
+  // that dies before then has not answered, and the driver's retry (same
+  // request id) makes it again; an incarnation made meanwhile is stopped
+  // when the new head adopts its worker.
   ClusterActor a;
   a.rec.spec = spec;
   a.rec.info.id = random_actor_id("actor");
   a.rec.info.class_name = spec.class_key;
   a.rec.info.state = "pending";
   a.rec.info.options = o;
-  if (Status s = persist_actor(a); !s.ok()) {
-    reply.fail(s);
-    return reply;
-  }
   std::string id = a.rec.info.id;
   if (!m.request_id.empty()) actor_requests_[m.request_id] = id;
   if (!o.name.empty()) {
@@ -407,6 +415,11 @@ void HeadActor::actor_alive(ClusterActor& a, const std::string& worker, const Lo
   info.ref_id = where.id;
   if (Status s = persist_actor(a); !s.ok()) {
     TROUPE_LOG(err, "event=store_write_failed kind=actor id={} reason=\"{}\"", info.id, s.message());
+    if (info.restarts == 0) {
+      // Not answered as alive unless it is on record: refuse it whole.
+      actor_dead(info.id, "it could not be recorded: " + s.message(), true);
+      return;
+    }
   }
   const ActorOptions& o = a.rec.spec.options;
   if (!o.name.empty()) {
@@ -474,7 +487,7 @@ void HeadActor::actor_dead(const std::string& id, const std::string& why, bool s
   pending_actors_.erase(std::remove(pending_actors_.begin(), pending_actors_.end(), id), pending_actors_.end());
   a.rec.info.state = "dead";
   a.rec.info.reason = why;
-  (void)store_->apply({{"actor", id, std::nullopt}, {"snap", id, std::nullopt}});
+  (void)write({{"actor", id, std::nullopt}, {"snap", id, std::nullopt}});
   TROUPE_LOG(info, "event=actor_dead actor={} reason=\"{}\"", id, why);
   answer_waiters(a, Status(ErrorCode::actor_dead, "actor " + id + " is dead: " + why));
   if (dead_actors_.size() >= kDeadActorsKept) dead_actors_.pop_front();
@@ -491,12 +504,22 @@ void HeadActor::worker_dead(const std::string& worker_id, const std::string& why
   if (w.monitor != 0) demonitor(w.monitor);
   auto shared = shared_workers_.find({w.rec.node, w.rec.executable});
   if (shared != shared_workers_.end() && shared->second == worker_id) shared_workers_.erase(shared);
-  (void)store_->erase("worker", worker_id);
+  (void)write({{"worker", worker_id, std::nullopt}});
   TROUPE_LOG(info, "event=worker_dead worker={} node={} actors={} reason=\"{}\"", worker_id, w.rec.node,
              w.hosted.size() + w.queued.size(), why);
   std::string what = "its worker process died (" + why + ")";
+  // One commit for all of its actors (thousands, on a busy worker).
+  std::vector<Store::Change> batch;
+  bool outer = batch_ == nullptr;
+  if (outer) batch_ = &batch;
   for (const std::string& id : w.hosted) actor_failed(id, what);
   for (const std::string& id : w.queued) actor_failed(id, what);
+  if (outer) {
+    batch_ = nullptr;
+    if (Status s = store_->apply(batch); !s.ok()) {
+      TROUPE_LOG(err, "event=store_write_failed kind=actor reason=\"{}\"", s.message());
+    }
+  }
 }
 
 void HeadActor::handle(const WorkerExited& m) {
@@ -676,6 +699,10 @@ void HeadActor::load_actors() {
       if (!r) return worker_dead(worker_id, "it does not answer the restarted head: " + r.error().message());
       for (auto& [id, bytes] : r->latest) {
         if (actors_.count(id)) (void)store_->put("snap", id, bytes);
+      }
+      for (const std::string& id : r->hosted) {
+        // Made by the old head, never recorded (it died before answering).
+        if (!it->second.hosted.count(id)) (void)it->second.ref.tell(StopActor{id});
       }
       std::set<std::string> hosted = it->second.hosted;
       for (const std::string& id : hosted) {

@@ -82,9 +82,12 @@ void WorkerActor::handle(const StopActor& m) {
 }
 
 Snapshots WorkerActor::handle(const AdoptWorker& m) {
+  Snapshots out;
+  for (auto& [id, hosted] : actors_) out.hosted.push_back(id);
   std::lock_guard<std::mutex> lock(head_->mu);
   head_->head = m.head;
-  return Snapshots{head_->latest};
+  out.latest = head_->latest;
+  return out;
 }
 
 namespace {
