@@ -7,6 +7,7 @@
 
 #include "log.h"
 #include "remote/node.h"
+#include "troupe/detail/relay.h"
 #include "runtime_impl.h"
 #include "scheduler.h"
 
@@ -90,8 +91,17 @@ void send_command(CellControl* to, Command cmd) {
 Status send(CellControl* to, Envelope&& env) {
   Cell* cell = cell_of(to);
   if (cell->is_remote() && !cell->dead()) {
+    if (cell->remote_lost()) {
+      Status s(ErrorCode::actor_dead, "send: actor " + cell->path() + " is gone: the connection to its process was lost");
+      if (env.reply) {
+        ReplyRef r = std::move(env.reply);
+        r->fail(s);
+      }
+      return s;
+    }
     if (auto node = cell->remote().node.lock()) return node->send_envelope(cell, std::move(env));
   }
+  if (Relay* relay = cell->relay(); relay != nullptr && !cell->dead()) return relay->send(std::move(env));
   if (cell->dead()) {
     Status s(ErrorCode::actor_dead,
              "send: actor " + cell->path() + " has stopped (" + cell->final_reason().to_string() + ")");
@@ -162,6 +172,10 @@ Cell::~Cell() = default;
 CellControl* Cell::control() const { return control_of_actor(const_cast<Cell*>(this)); }
 
 const std::string& Cell::remote_address() const { return spec_.remote->address; }
+bool Cell::remote_lost() const { return spec_.remote && spec_.remote->lost.load(std::memory_order_acquire); }
+void Cell::mark_remote_lost() {
+  if (spec_.remote) spec_.remote->lost.store(true, std::memory_order_release);
+}
 uint64_t Cell::remote_id() const { return spec_.remote->id; }
 
 caf::behavior Cell::make_behavior() {
@@ -697,7 +711,7 @@ ReplyRef take_current_reply(Cell* cell) { return cell->take_current_reply(); }
 void retain(CellControl* c) noexcept { caf::intrusive_ptr_add_ref(reinterpret_cast<caf::actor_control_block*>(c)); }
 void release(CellControl* c) noexcept { caf::intrusive_ptr_release(reinterpret_cast<caf::actor_control_block*>(c)); }
 uint64_t cell_id(CellControl* c) { return cell_of(c)->id(); }
-bool cell_dead(CellControl* c) { return cell_of(c)->dead(); }
+bool cell_dead(CellControl* c) { return cell_of(c)->dead() || cell_of(c)->remote_lost(); }
 std::string cell_path(CellControl* c) { return cell_of(c)->path(); }
 TypeKey cell_actor_type(CellControl* c) { return cell_of(c)->actor_type(); }
 std::chrono::milliseconds default_ask_timeout(CellControl* c) {

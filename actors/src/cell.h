@@ -92,6 +92,11 @@ class Cell final : public caf::event_based_actor {
   const std::string& remote_address() const;
   uint64_t remote_id() const;
   const RemoteTarget& remote() const { return *spec_.remote; }
+  /// A proxy whose process is unreachable (thread-safe; see RemoteTarget).
+  bool remote_lost() const;
+  void mark_remote_lost();
+  /// Relays forward to whichever incarnation of an actor is current.
+  Relay* relay() const { return spec_.relay.get(); }
   RuntimeImpl* runtime() const { return rt_; }
   CellControl* control() const;
   /// Reserves a mailbox slot for a user message; false when at the bound.

@@ -106,7 +106,10 @@ CellPtr RuntimeImpl::spawn_proxy(std::shared_ptr<Node> node, const std::string& 
   spec.factory = [] { return std::unique_ptr<ActorBase>(new ProxyActor()); };
   spec.actor_type = type_key<ProxyActor>();
   spec.actor_type_name = &type_name<ProxyActor>;
-  spec.remote = std::make_shared<RemoteTarget>(RemoteTarget{node, address, id});
+  spec.remote = std::make_shared<RemoteTarget>();
+  spec.remote->node = node;
+  spec.remote->address = address;
+  spec.remote->id = id;
   return spawn(std::move(spec), nullptr, 0, {});
 }
 

@@ -41,10 +41,17 @@ struct Crash {
 struct Tag {
   TROUPE_MESSAGE_NAMED(Tag, "test.cluster.Tag");
 };
+/// Works for `ms` (in the worker) before it adds: a kill during that time
+/// catches the ask in flight.
+struct SlowAdd {
+  int n = 0;
+  int ms = 0;
+  TROUPE_MESSAGE_NAMED(SlowAdd, "test.cluster.SlowAdd", n, ms);
+};
 
 /// A counter that snapshots after every change, so that a restart anywhere
 /// comes back with its total.
-class Counter : public troupe::Actor<Counter, Add, Total, Pid, Crash, Tag> {
+class Counter : public troupe::Actor<Counter, Add, Total, Pid, Crash, Tag, SlowAdd> {
  public:
   Counter(int start, std::string tag) : total_(start), tag_(std::move(tag)) {}
   int handle(const Add& m) {
@@ -56,6 +63,10 @@ class Counter : public troupe::Actor<Counter, Add, Total, Pid, Crash, Tag> {
   int64_t handle(const Pid&) { return getpid(); }
   void handle(const Crash&) { fail("asked to crash"); }
   std::string handle(const Tag&) { return tag_; }
+  int handle(const SlowAdd& m) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(m.ms));  // the work a kill interrupts
+    return handle(Add{m.n});
+  }
 
   std::optional<std::string> snapshot() override { return std::to_string(total_); }
   void restore(std::string_view bytes) override { total_ = std::stoi(std::string(bytes)); }
@@ -352,4 +363,62 @@ TEST_CASE("troupe command line: list actors and status show the cluster's actors
   std::tie(code, out) = cli("status");
   CHECK(code == 0);
   CHECK_THAT(out, Catch::Contains("actors: 1 alive"));
+}
+
+TEST_CASE("cluster actors: the ref spawn returns follows its actor across restarts; an ask in flight fails "
+          "without max_task_retries",
+          "[cluster][actors]") {
+  LocalCluster local(1);
+  auto& cluster = local.cluster;
+  auto counter = cluster.spawn<Counter>({.max_restarts = -1}, 0, "follow").value();
+  REQUIRE(counter.ask(Add{5}).get().value() == 5);
+  int64_t pid = counter.ask(Pid{}).get().value();
+  auto in_flight = counter.ask(SlowAdd{100, 3000});
+  REQUIRE(::kill(static_cast<pid_t>(pid), SIGKILL) == 0);
+  auto lost = in_flight.get();
+  REQUIRE_FALSE(lost.has_value());
+  CHECK(lost.error().code() == ErrorCode::peer_lost);  // at most once: not retried
+  // The same ref reaches the next incarnation, which has the snapshot.
+  CHECK(counter.ask(Total{}).get().value() == 5);
+  CHECK(counter.ask(Pid{}).get().value() != pid);
+}
+
+TEST_CASE("cluster actors: with max_task_retries, asks in flight when the worker dies run on the next "
+          "incarnation, in order",
+          "[cluster][actors]") {
+  LocalCluster local(1);
+  auto& cluster = local.cluster;
+  auto counter = cluster.spawn<Counter>({.max_restarts = -1, .max_task_retries = 2}, 0, "retry").value();
+  REQUIRE(counter.ask(Add{1}).get().value() == 1);
+  int64_t pid = counter.ask(Pid{}).get().value();
+  // Three asks in flight: the first holds the worker busy, so none has
+  // answered when it dies.
+  auto a = counter.ask(SlowAdd{10, 3000});
+  auto b = counter.ask(Add{100});
+  auto c = counter.ask(Add{1000});
+  REQUIRE(::kill(static_cast<pid_t>(pid), SIGKILL) == 0);
+  // Each ran once, on the next incarnation, in the order sent.
+  CHECK(a.get().value() == 11);
+  CHECK(b.get().value() == 111);
+  CHECK(c.get().value() == 1111);
+  CHECK(counter.ask(Pid{}).get().value() != pid);
+}
+
+TEST_CASE("cluster actors: a ref that follows an actor fails with the reason once it is dead for good, and its "
+          "monitor fires",
+          "[cluster][actors]") {
+  LocalCluster local(1);
+  auto& cluster = local.cluster;
+  auto info = cluster.spawn_info<Counter>({}, 0, "mortal").value();
+  auto counter = cluster.follow<Counter>(info).value();
+  auto down = local.rt.monitor(counter, 20s);
+  REQUIRE(counter.ask(Add{1}).get().value() == 1);
+  int64_t pid = counter.ask(Pid{}).get().value();
+  REQUIRE(::kill(static_cast<pid_t>(pid), SIGKILL) == 0);  // max_restarts 0: dead for good
+  auto reason = down.get();
+  REQUIRE(reason.has_value());
+  CHECK_THAT(reason->to_string(), Catch::Contains("worker process died"));
+  auto after = counter.ask(Total{}).get();
+  REQUIRE_FALSE(after.has_value());
+  CHECK(after.error().code() == ErrorCode::actor_dead);
 }

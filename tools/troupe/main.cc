@@ -224,6 +224,7 @@ json to_json(const troupe::ActorInfo& a) {
                   {"bundle", o.bundle},
                   {"label_selector", to_json(o.label_selector)},
                   {"max_restarts", o.max_restarts},
+                  {"max_task_retries", o.max_task_retries},
                   {"detached", o.detached},
                   {"snapshot_every", o.snapshot_every},
                   {"mailbox_bound", o.mailbox_bound},

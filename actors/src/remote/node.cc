@@ -96,6 +96,15 @@ const WireTypeEntry* find_wire_type(uint64_t id) {
 
 }  // namespace
 
+bool decode_wire_message(uint64_t wire_id, std::string_view bytes, MessageBox* out, std::string* error) {
+  const WireTypeEntry* type = find_wire_type(wire_id);
+  if (type == nullptr) {
+    *error = "message type id " + std::to_string(wire_id) + " is unknown";
+    return false;
+  }
+  return type->decode(bytes, out, error);
+}
+
 bool register_wire_type(uint64_t wire_id, std::string_view name, TypeKey key, WireDecodeFn decode) {
   std::lock_guard<std::mutex> lock(registry_mu());
   auto [it, inserted] = registry().emplace(wire_id, WireTypeEntry{std::string(name), key, decode});
@@ -863,6 +872,9 @@ void Node::on_lost(transport::PeerId id, Status why) {
     TROUPE_LOG(warn, "event=peer_lost peer={} reason=\"{}\" pending_asks={} proxies={}", peer->address, why.message(),
                peer->asks.size(), proxies.size());
   }
+  // Proxies know they are cut off before anyone hears of a failed ask, so
+  // that a sender reacting to that failure does not try them again.
+  for (auto& p : proxies) cell_of(reinterpret_cast<CellControl*>(p.get()))->mark_remote_lost();
   std::map<uint64_t, ReplyRef> asks;
   {
     std::lock_guard<std::mutex> lock(mu_);

@@ -34,6 +34,9 @@ struct RemoteTarget {
   std::weak_ptr<Node> node;
   std::string address;
   uint64_t id = 0;
+  /// Set (before the asks in flight fail) once the connection to its
+  /// process is lost; the proxy's own end follows asynchronously.
+  std::atomic<bool> lost{false};
 };
 
 struct NodeConfig {

@@ -113,6 +113,11 @@ struct ActorOptions {
   /// Restarts after a crash or the loss of its process or node, with the
   /// state of its last snapshot: 0 none, -1 without limit.
   int max_restarts = 0;
+  /// Asks that were in flight to an incarnation that died (before it
+  /// answered) are sent again to the next one, up to this many times each,
+  /// in the order they were first sent: at-least-once for those. 0 (the
+  /// default, like Ray): at most once, they fail with peer_lost.
+  uint32_t max_task_retries = 0;
   /// Detached actors live until stopped (or their group is removed); the
   /// others stop when the driver that spawned them (its runtime) goes.
   bool detached = false;
@@ -126,8 +131,8 @@ struct ActorOptions {
   /// this program (crash isolation, at the price of a process start).
   bool dedicated_process = false;
 
-  TROUPE_FIELDS(name, ns, resources, placement_group, bundle, label_selector, max_restarts, detached,
-                snapshot_every, mailbox_bound, dedicated_process);
+  TROUPE_FIELDS(name, ns, resources, placement_group, bundle, label_selector, max_restarts, max_task_retries,
+                detached, snapshot_every, mailbox_bound, dedicated_process);
 };
 
 /// An actor of the cluster as the head sees it.
@@ -254,13 +259,12 @@ class ClusterClient {
   /// alive. With a name, get-or-create: a running actor with that name is
   /// returned instead (then `args` are unused). The constructor arguments
   /// must be encodable (numbers, strings, containers, TROUPE_FIELDS structs).
-  /// A ref is to one incarnation: after a restart, get the new one with
-  /// actor(id, wait) and ref_to(), or by name with get_actor.
+  /// The ref follows the actor across restarts (see follow()).
   template <class A, class... Args>
   Result<ActorRef<A>> spawn(const ActorOptions& options, Args&&... args) const {
     auto info = spawn_info<A>(options, std::forward<Args>(args)...);
     if (!info) return error(info.error());
-    return ref_to<A>(*info);
+    return follow<A>(*info);
   }
   /// Like spawn(), answering with the actor's record (its id, for actor()).
   template <class A, class... Args>
@@ -280,7 +284,19 @@ class ClusterClient {
                                codec::encode(std::tuple<detail::wire_arg_t<Args>...>(std::forward<Args>(args)...)),
                                options);
   }
-  /// A ref to the incarnation `info` describes.
+  /// A ref that follows the actor `info` describes across its restarts:
+  /// while it restarts, messages wait for the new incarnation (bounded);
+  /// asks in flight when one died are retried per max_task_retries; once it
+  /// is dead for good, sends fail with the reason and monitors see it stop.
+  /// Costs a lock per message over ref_to().
+  template <class A>
+  Result<ActorRef<A>> follow(const ActorInfo& info) const {
+    auto cell = follow_cell(info);
+    if (!cell) return error(cell.error());
+    return ActorRef<A>(std::move(*cell));
+  }
+  Result<detail::CellPtr> follow_cell(const ActorInfo& info) const;
+  /// A ref to the incarnation `info` describes (it does not follow restarts).
   template <class A>
   Result<ActorRef<A>> ref_to(const ActorInfo& info) const {
     auto any = ref_to_any(info);

@@ -6,6 +6,7 @@
 
 #include "cluster/protocol.h"
 #include "troupe/cluster.h"
+#include "troupe/detail/relay.h"
 #include "troupe/worker.h"
 
 namespace troupe {
@@ -29,6 +30,19 @@ struct ClusterClient::State {
   AnyRef owner;
   Location owner_at;  // empty address: the driver does not listen
   std::string executable;
+  AnyRef resolver;  // finds the next incarnation for refs that follow actors
+  bool refreshing = false;  // under mu
+  std::thread refresher;    // looks for the head again (resolving blocks)
+
+  ~State() {
+    if (refresher.joinable()) refresher.join();
+  }
+  AnyRef current_head() {
+    std::lock_guard<std::mutex> lock(mu);
+    return head;
+  }
+  /// Finds the head at its address again, in the background, once at a time.
+  void refresh_head();
 };
 
 namespace {
@@ -46,6 +60,75 @@ std::string request_id() {
   static thread_local std::mt19937_64 rng(std::random_device{}());
   return std::to_string(rng()) + "-" + std::to_string(rng());
 }
+
+}  // namespace
+
+void ClusterClient::State::refresh_head() {
+  std::lock_guard<std::mutex> lock(mu);
+  if (refreshing) return;
+  refreshing = true;
+  if (refresher.joinable()) refresher.join();  // the previous one has finished
+  refresher = std::thread([this] {
+    auto again = resolve_head(*rt, address, std::chrono::milliseconds(1000));
+    std::lock_guard<std::mutex> lock(mu);
+    if (again) head = *again;
+    refreshing = false;
+  });
+}
+
+namespace {
+
+/// "Find the incarnation of `actor_id` after `last`" (from a relay).
+struct ResolveIncarnation {
+  std::string actor_id;
+  std::shared_ptr<Location> last;  // the incarnation that died; the resolver's own
+  std::function<void(Result<detail::CellPtr>)> done;
+  Clock::time_point deadline;
+};
+
+/// Asks the head, without blocking, for an actor's next incarnation on
+/// behalf of the relays (refs that follow actors) of one driver, retrying
+/// while the head is away.
+class RelayResolver final : public Actor<RelayResolver, ResolveIncarnation> {
+ public:
+  explicit RelayResolver(std::weak_ptr<ClusterClient::State> state) : state_(std::move(state)) {}
+  void handle(const ResolveIncarnation& m) { attempt(m); }
+
+ private:
+  void attempt(ResolveIncarnation m) {
+    auto st = state_.lock();
+    if (!st) return m.done(error(ErrorCode::shutting_down, "cluster: the client is gone"));
+    AnyRef head = st->current_head();
+    if (!head) {
+      st->refresh_head();
+      after(std::chrono::milliseconds(100), [this, m] { attempt(m); });
+      return;
+    }
+    GetActor q{m.actor_id, "", "", 2000, *m.last};
+    ask<ActorInfo>(head, q, std::chrono::seconds(4)).then([this, m, head](Result<ActorInfo> r) mutable {
+      auto st = state_.lock();
+      if (!st) return m.done(error(ErrorCode::shutting_down, "cluster: the client is gone"));
+      if (r) {
+        auto ref = st->rt->ref_at(r->address, r->ref_id);
+        if (!ref) return m.done(error(ref.error()));
+        *m.last = Location{r->address, r->ref_id};
+        return m.done(detail::CellPtr(ref->cell()));
+      }
+      ErrorCode code = r.error().code();
+      bool head_gone = code == ErrorCode::peer_lost || (code == ErrorCode::actor_dead && detail::cell_dead(head.cell()));
+      if (!head_gone && code != ErrorCode::timeout) return m.done(error(r.error()));  // dead for good
+      if (Clock::now() >= m.deadline) {
+        return m.done(error(ErrorCode::timeout, "actor " + m.actor_id + " is not back after " +
+                                                    std::to_string(ClusterClient::kSpawnTimeout.count()) +
+                                                    " ms (" + r.error().message() + ")"));
+      }
+      if (head_gone) st->refresh_head();
+      after(std::chrono::milliseconds(head_gone ? 100 : 0), [this, m] { attempt(m); });
+    });
+  }
+
+  std::weak_ptr<ClusterClient::State> state_;
+};
 
 }  // namespace
 
@@ -68,6 +151,7 @@ Result<ClusterClient> ClusterClient::connect(Runtime& rt, const std::string& hea
   }
   std::error_code ec;
   state->executable = std::filesystem::read_symlink("/proc/self/exe", ec).string();
+  state->resolver = rt.spawn<RelayResolver>(std::weak_ptr<State>(state));
   return ClusterClient(std::move(state));
 }
 
@@ -246,15 +330,34 @@ Result<AnyRef> ClusterClient::ref_to_any(const ActorInfo& info) const {
   return state_->rt->ref_at(info.address, info.ref_id);
 }
 
+Result<detail::CellPtr> ClusterClient::follow_cell(const ActorInfo& info) const {
+  auto first = ref_to_any(info);
+  if (!first) return error(first.error());
+  auto last = std::make_shared<Location>(Location{info.address, info.ref_id});
+  AnyRef resolver = state_->resolver;
+  std::string id = info.id;
+  auto relay = std::make_shared<detail::Relay>(
+      detail::CellPtr(first->cell()),
+      [resolver, id, last](std::function<void(Result<detail::CellPtr>)> done) {
+        Status s = resolver.tell(ResolveIncarnation{id, last, done, Clock::now() + kSpawnTimeout});
+        if (!s.ok()) done(error(ErrorCode::shutting_down, "cluster: the driver's runtime is shutting down"));
+      },
+      info.options.max_task_retries);
+  detail::CellPtr cell = detail::spawn_relay(*state_->rt, std::move(relay), "cluster/" + info.id);
+  if (!cell) return error(ErrorCode::shutting_down, "cluster: the driver's runtime is shutting down");
+  return cell;
+}
+
 Result<ActorInfo> ClusterClient::actor(const std::string& id, std::chrono::milliseconds wait_alive,
                                        std::chrono::milliseconds timeout) const {
-  return call<ActorInfo>(GetActor{id, "", "", wait_alive.count()}, std::max(timeout, wait_alive + std::chrono::seconds(2)));
+  return call<ActorInfo>(GetActor{id, "", "", wait_alive.count(), {}},
+                         std::max(timeout, wait_alive + std::chrono::seconds(2)));
 }
 
 Result<ActorInfo> ClusterClient::actor_named(const std::string& name, const std::string& ns,
                                              std::chrono::milliseconds wait_alive,
                                              std::chrono::milliseconds timeout) const {
-  return call<ActorInfo>(GetActor{"", ns, name, wait_alive.count()},
+  return call<ActorInfo>(GetActor{"", ns, name, wait_alive.count(), {}},
                          std::max(timeout, wait_alive + std::chrono::seconds(2)));
 }
 

@@ -124,6 +124,13 @@ struct JobEnded {
   TROUPE_MESSAGE_NAMED(JobEnded, "troupe.JobEnded", id, exit_code, stopped);
 };
 
+/// Where an actor's incarnation (or a worker's actor) is: Runtime::ref_at.
+struct Location {
+  std::string address;
+  uint64_t id = 0;
+  TROUPE_FIELDS(address, id);
+};
+
 /// Actors on the cluster. What the head keeps to create (and re-create) one.
 struct ActorSpec {
   /// The registered class (detail::ActorClass::key) and its encoded
@@ -160,7 +167,10 @@ struct GetActor {
   std::string ns;
   std::string name;
   int64_t wait_alive_ms = 0;
-  TROUPE_MESSAGE_NAMED(GetActor, "troupe.GetActor", id, ns, name, wait_alive_ms);
+  /// An incarnation the asker knows is gone (the head may not know yet):
+  /// wait for another one.
+  Location not_at;
+  TROUPE_MESSAGE_NAMED(GetActor, "troupe.GetActor", id, ns, name, wait_alive_ms, not_at);
 };
 struct ListActors {
   TROUPE_MESSAGE_NAMED(ListActors, "troupe.ListActors");
@@ -171,12 +181,6 @@ struct KillActor {
   TROUPE_MESSAGE_NAMED(KillActor, "troupe.KillActor", id);
 };
 
-/// Where an actor's incarnation (or a worker's actor) is: Runtime::ref_at.
-struct Location {
-  std::string address;
-  uint64_t id = 0;
-  TROUPE_FIELDS(address, id);
-};
 
 /// Head -> agent: start a worker process running `executable`; answered
 /// with the worker actor's location once the worker reports ready.

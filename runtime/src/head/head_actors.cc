@@ -571,7 +571,8 @@ Deferred<ActorInfo> HeadActor::handle(const GetActor& m) {
     return reply;
   }
   ClusterActor& a = it->second;
-  if (m.wait_alive_ms <= 0 || a.rec.info.state == "alive") {
+  bool gone = a.rec.info.address == m.not_at.address && a.rec.info.ref_id == m.not_at.id;
+  if (m.wait_alive_ms <= 0 || (a.rec.info.state == "alive" && !gone)) {
     reply.complete(a.rec.info);
   } else {
     a.waiters.push_back(ActorWaiter{[reply](const ActorInfo& info, const Status& s) mutable {

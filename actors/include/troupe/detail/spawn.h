@@ -33,6 +33,7 @@ namespace detail {
 class RuntimeImpl;
 /// Where a proxy cell's messages go (remote/node.h).
 struct RemoteTarget;
+class Relay;
 
 /// Makes a fresh instance; called once per incarnation.
 using Factory = std::function<std::unique_ptr<ActorBase>()>;
@@ -47,6 +48,8 @@ struct SpawnSpec {
   bool is_supervisor = false;
   /// Set for proxies of actors in other processes.
   std::shared_ptr<RemoteTarget> remote{};
+  /// Set for refs that follow an actor across incarnations (relay.h).
+  std::shared_ptr<Relay> relay{};
   /// The full path, when the runtime should not derive one.
   std::string path{};
   /// The state the first incarnation restores (a restart on another process
