@@ -619,7 +619,8 @@ void Cell::on_ask_tick(uint64_t armed_for) {
 
 void Cell::on_reply(ReplyReady& r) {
   PendingAsk* n = r.node;
-  if (n->done || n->incarnation != incarnation_ || state_ != State::running) return;
+  // While starting too: an asynchronous start (start_async_) may wait on asks.
+  if (n->done || n->incarnation != incarnation_ || (state_ != State::running && state_ != State::starting)) return;
   n->done = true;
   unlink_node(asks_head_, asks_tail_, n);
   ReplyRef list_ref(n->reply_base());  // adopt the list's reference

@@ -18,6 +18,7 @@
 
 #include "support/local_cluster.h"
 #include "support/test_driver.h"
+#include "troupe/remote_child.h"
 
 using namespace std::chrono_literals;
 using troupe::ErrorCode;
@@ -421,4 +422,66 @@ TEST_CASE("cluster actors: a ref that follows an actor fails with the reason onc
   auto after = counter.ask(Total{}).get();
   REQUIRE_FALSE(after.has_value());
   CHECK(after.error().code() == ErrorCode::actor_dead);
+}
+
+TEST_CASE("cluster actors: a supervisor's child on the cluster: its worker's or node's death is a crash the "
+          "supervisor restarts, and its ref stays valid",
+          "[cluster][actors]") {
+  LocalCluster local(2);
+  auto& cluster = local.cluster;
+  troupe::SupervisorSpec spec;
+  spec.strategy = troupe::Strategy::one_for_one;
+  spec.intensity = 5;
+  spec.period = 10s;
+  spec.children.push_back(troupe::remote_worker<Counter>(cluster, "counter", {.max_task_retries = 1}, 7, "supervised"));
+  auto sup = local.rt.start_supervisor("app", spec).value();
+  auto counter = sup.child<Counter>("counter").value();
+  CHECK(counter.ask(Add{1}).get().value() == 8);
+  int64_t pid = counter.ask(Pid{}).get().value();
+  CHECK(pid != getpid());
+  auto restarts = [&] {
+    auto children = sup.which_children().value();
+    return children.empty() ? 0u : children[0].restarts;
+  };
+
+  REQUIRE(::kill(static_cast<pid_t>(pid), SIGKILL) == 0);
+  // The ask (in flight at the kill, so retried) reaches the restarted child:
+  // a fresh actor from its arguments.
+  CHECK(counter.ask(Tag{}).get().value() == "supervised");
+  CHECK(counter.ask(Total{}).get().value() == 7);
+  CHECK(counter.ask(Pid{}).get().value() != pid);
+  CHECK(restarts() == 1);
+
+  // The loss of its node is a crash too: it comes back on the other node.
+  std::string node;
+  auto before = cluster.list_actors().value();
+  for (auto& a : before) {
+    if (a.state == "alive") node = a.node;
+  }
+  REQUIRE(!node.empty());
+  local.agents[node == "a1" ? 0 : 1]->kill9();
+  CHECK(counter.ask(Add{2}).get().value() == 9);
+  CHECK(restarts() == 2);
+  int alive = 0;
+  auto now = cluster.list_actors().value();
+  for (auto& a : now) {
+    if (a.state == "alive") {
+      ++alive;
+      CHECK(a.node != node);
+    }
+  }
+  CHECK(alive == 1);
+
+  // Stopping the supervisor stops its actor on the cluster.
+  auto down = local.rt.monitor(sup.ref(), 10s);
+  local.rt.stop(sup.ref());
+  REQUIRE(down.get().has_value());
+  bool stopped = false;
+  for (int i = 0; i < 500 && !stopped; ++i) {
+    stopped = true;
+    auto listed = cluster.list_actors().value();
+    for (auto& a : listed) stopped &= a.state == "dead";
+    if (!stopped) std::this_thread::sleep_for(10ms);  // polling the head
+  }
+  CHECK(stopped);
 }

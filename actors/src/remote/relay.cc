@@ -81,7 +81,11 @@ class RetryReply final : public ReplyBase {
     }
     MessageBox box;
     std::string problem;
-    auto node = relay_->node.lock();
+    std::shared_ptr<Node> node;
+    {
+      std::lock_guard<std::mutex> lock(relay_->mu);
+      node = relay_->node.lock();
+    }
     bool decoded = false;
     if (node) {
       CodecScope scope(node.get());
@@ -158,7 +162,16 @@ Status Relay::State::route(uint64_t seq, Envelope&& env, uint32_t attempt, bool 
     // Keep the message's bytes: a retry rebuilds it for the next incarnation.
     std::string bytes;
     uint64_t wire_id = env.box.ops() ? env.box.ops()->wire_id : 0;
-    auto n = node.lock();
+    std::shared_ptr<Node> n;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      n = node.lock();
+      if (!n) {
+        // A relay made by a supervisor (remote child) learns its runtime's
+        // node from the first incarnation's proxy.
+        if (auto found = cell_of(to.get())->runtime()->node()) node = n = *found;
+      }
+    }
     bool encoded = false;
     if (wire_id != 0 && n) {
       CodecScope scope(n.get());
@@ -267,6 +280,8 @@ Relay::Relay(CellPtr first, Resolver resolve, uint32_t max_retries, size_t max_p
 }
 
 Relay::~Relay() = default;
+
+void Relay::retarget(CellPtr next) { state_->resolved(Result<CellPtr>(std::move(next))); }
 
 Status Relay::send(Envelope&& env) {
   uint64_t seq;

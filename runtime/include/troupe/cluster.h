@@ -324,6 +324,8 @@ class ClusterClient {
   struct State;
   /// Internal.
   explicit ClusterClient(std::shared_ptr<State> state) : state_(std::move(state)) {}
+  /// Internal.
+  const std::shared_ptr<State>& state() const { return state_; }
 
  private:
   template <class R, class M>

@@ -4,6 +4,7 @@
 #include <random>
 #include <thread>
 
+#include "cluster/client_state.h"
 #include "cluster/protocol.h"
 #include "troupe/cluster.h"
 #include "troupe/detail/relay.h"
@@ -22,28 +23,6 @@ class DriverOwner final : public Actor<DriverOwner, OwnerAlive> {
   void handle(const OwnerAlive&) {}
 };
 
-struct ClusterClient::State {
-  Runtime* rt;
-  std::string address;
-  std::mutex mu;
-  AnyRef head;  // under mu; replaced when the head comes back
-  AnyRef owner;
-  Location owner_at;  // empty address: the driver does not listen
-  std::string executable;
-  AnyRef resolver;  // finds the next incarnation for refs that follow actors
-  bool refreshing = false;  // under mu
-  std::thread refresher;    // looks for the head again (resolving blocks)
-
-  ~State() {
-    if (refresher.joinable()) refresher.join();
-  }
-  AnyRef current_head() {
-    std::lock_guard<std::mutex> lock(mu);
-    return head;
-  }
-  /// Finds the head at its address again, in the background, once at a time.
-  void refresh_head();
-};
 
 namespace {
 
@@ -290,7 +269,6 @@ Status ClusterClient::unregister_name(const std::string& name, const std::string
 
 namespace troupe {
 
-namespace {
 SpawnActor spawn_request(const ClusterClient::State& state, const std::string& class_key, std::string args,
                          const ActorOptions& options) {
   SpawnActor m;
@@ -304,7 +282,6 @@ SpawnActor spawn_request(const ClusterClient::State& state, const std::string& c
   m.timeout_ms = ClusterClient::kSpawnTimeout.count();
   return m;
 }
-}  // namespace
 
 Result<ActorInfo> ClusterClient::spawn_encoded(const std::string& class_key, std::string args,
                                                const ActorOptions& options, bool idempotent) const {

@@ -215,7 +215,9 @@ NodeIndex HeadActor::place_actor(ClusterActor& a, std::string* why, bool* hopele
   for (auto& [id, n] : nodes_) {
     if (n.info.state != "alive" || n.index == kNoNode || !matches(o.label_selector, n.info.labels)) continue;
     any_match = true;
-    if (!n.agent) continue;  // restored, its agent not back yet
+    // Restored and its agent not back yet, or its agent just lost (the node's
+    // death is on its way).
+    if (!n.agent || detail::cell_dead(n.agent.cell())) continue;
     candidates.push_back(&n);
   }
   // Back where it was when that node is still there: its worker is likely
@@ -330,11 +332,24 @@ void HeadActor::start_worker(Worker& w) {
         if (!r) {
           TROUPE_LOG(warn, "event=worker_start_failed worker={} node={} reason=\"{}\"", wid, w.rec.node,
                      r.error().message());
-          // A program that cannot serve as a worker will not do better the
-          // next time: its actors fail for good, with the reason.
           std::vector<std::string> queued = std::move(w.queued);
           std::string why = "its worker process could not start: " + r.error().message();
           worker_dead(wid, why);
+          ErrorCode code = r.error().code();
+          if (code == ErrorCode::peer_lost || code == ErrorCode::actor_dead) {
+            // The agent is gone (its node's death is on its way here): the
+            // actors wait for a place again, elsewhere once the node is dead.
+            for (const std::string& id : queued) {
+              auto a = actors_.find(id);
+              if (a == actors_.end()) continue;
+              release_actor_resources(a->second);
+              a->second.rec.info.reason = why;
+              pending_actors_.push_back(id);
+            }
+            return;
+          }
+          // A program that cannot serve as a worker will not do better the
+          // next time: its actors fail for good, with the reason.
           for (const std::string& id : queued) actor_dead(id, why, false);
           return;
         }

@@ -38,6 +38,10 @@ class Relay : public std::enable_shared_from_this<Relay> {
 
   /// Sends (or parks) a message for the actor.
   Status send(Envelope&& env);
+  /// The next incarnation, found by someone else than the resolver (a
+  /// supervisor that restarted it): what waits goes there now. `first` may
+  /// be empty, and the resolver do nothing, for relays retargeted this way.
+  void retarget(CellPtr next);
 
   struct State;
 
