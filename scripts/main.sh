@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The main job on a fresh Debian machine: install, build, run. Until the RL
-# job exists, the main job is the example program on an embedded runtime,
-# then a local cluster started with the `troupe` command line (a head and two
+# job exists, the main job is the example program on an embedded runtime, an
+# actor on an embedded cluster that survives kill -9 of its worker, then a
+# local cluster started with the `troupe` command line (a head and two
 # node agents), a look at it, and its shutdown.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -9,6 +10,8 @@ build="${BUILD_DIR:-$root/build}"
 bash "$root/scripts/setup.sh"
 bash "$root/scripts/build.sh"
 "$build/examples/troupe_example_counter"
+# An actor on an embedded cluster (troupe::init) surviving kill -9 of its process.
+"$build/examples/troupe_example_cluster_counter"
 
 # A throwaway cluster home, so that this never touches ~/.troupe.
 export TROUPE_HOME

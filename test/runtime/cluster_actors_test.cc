@@ -18,6 +18,7 @@
 
 #include "support/local_cluster.h"
 #include "support/test_driver.h"
+#include "troupe/init.h"
 #include "troupe/remote_child.h"
 
 using namespace std::chrono_literals;
@@ -484,4 +485,25 @@ TEST_CASE("cluster actors: a supervisor's child on the cluster: its worker's or 
     if (!stopped) std::this_thread::sleep_for(10ms);  // polling the head
   }
   CHECK(stopped);
+}
+
+TEST_CASE("cluster actors: troupe::init with no address starts an embedded cluster whose workers run this "
+          "program, and stops it with the session",
+          "[cluster][actors]") {
+  troupe::InitOptions options;
+  options.runtime.log_level = "error";
+  options.runtime.cluster_token = kToken;
+  auto session = troupe::init(options);
+  REQUIRE(session.has_value());
+  CHECK((*session)->embedded());
+  auto counter = (*session)->cluster().spawn<Counter>({.max_restarts = -1}, 3, "init").value();
+  CHECK(counter.ask(Add{2}).get().value() == 5);
+  auto pid = static_cast<pid_t>(counter.ask(Pid{}).get().value());
+  CHECK(pid != getpid());
+  auto st = (*session)->cluster().status().value();
+  REQUIRE(st.nodes.size() == 1);
+  CHECK(st.nodes[0].state == "alive");
+  session->reset();  // the agent stops (and reaps) its workers
+  CHECK(::kill(pid, 0) == -1);
+  CHECK(errno == ESRCH);
 }
