@@ -147,6 +147,11 @@ Status run_agent(const AgentOptions& options, const ReadyFn& ready, const WaitFn
   }
   cv.notify_all();
   beat.join();
+  // Say goodbye (bounded: a head that is away learns it from the lost
+  // connection instead).
+  if (auto head = rt.resolve_any(head_uri, std::chrono::milliseconds(500))) {
+    (void)head->ask<void>(LeaveNode{reg.node_id}, std::chrono::milliseconds(1000)).get();
+  }
   return rt.shutdown();
 }
 

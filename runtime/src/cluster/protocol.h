@@ -45,6 +45,13 @@ struct NodeHeartbeat {
   TROUPE_MESSAGE_NAMED(NodeHeartbeat, "troupe.NodeHeartbeat", node_id);
 };
 
+/// Agent -> head, when it stops gracefully: the node leaves (its workers
+/// and jobs stop with it).
+struct LeaveNode {
+  std::string node_id;
+  TROUPE_MESSAGE_NAMED(LeaveNode, "troupe.LeaveNode", node_id);
+};
+
 /// Anyone -> agent: which node is this?
 struct GetNodeId {
   TROUPE_MESSAGE_NAMED(GetNodeId, "troupe.GetNodeId");

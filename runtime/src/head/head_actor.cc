@@ -455,14 +455,20 @@ void HeadActor::tick() {
   after(config_.heartbeat / 2, [this] { tick(); });
 }
 
-void HeadActor::node_dead(const std::string& id, const std::string& why) {
+void HeadActor::handle(const LeaveNode& m) { node_dead(m.node_id, "it left (its agent stopped)", true); }
+
+void HeadActor::node_dead(const std::string& id, const std::string& why, bool left) {
   auto it = nodes_.find(id);
   if (it == nodes_.end() || it->second.info.state != "alive") return;
   Node& n = it->second;
   n.info.state = "dead";
   if (n.monitor != 0) demonitor(n.monitor);
   n.monitor = 0;
-  TROUPE_LOG(warn, "event=node_dead node={} reason=\"{}\"", id, why);
+  if (left) {
+    TROUPE_LOG(info, "event=node_left node={}", id);
+  } else {
+    TROUPE_LOG(warn, "event=node_dead node={} reason=\"{}\"", id, why);
+  }
   (void)persist_node(n);
   for (auto& [jid, j] : jobs_) {
     if (j.node != id || j.state != "running") continue;

@@ -37,7 +37,7 @@ struct HeadConfig {
 class HeadActor : public Actor<HeadActor, RegisterNode, NodeHeartbeat, CreatePlacementGroup, WaitPlacementGroup,
                                RemovePlacementGroup, GetClusterStatus, SubmitJob, GetJob, ReadJobLog, StopJob,
                                JobEnded, RegisterName, LookupName, UnregisterName, SpawnActor, GetActor, ListActors,
-                               KillActor, WorkerExited, ActorExited, SaveSnapshot> {
+                               KillActor, WorkerExited, ActorExited, SaveSnapshot, LeaveNode> {
  public:
   HeadActor(std::shared_ptr<Store> store, HeadConfig config);
 
@@ -45,6 +45,7 @@ class HeadActor : public Actor<HeadActor, RegisterNode, NodeHeartbeat, CreatePla
 
   Result<Registered> handle(const RegisterNode& m);
   Result<bool> handle(const NodeHeartbeat& m);  // false: unknown or declared dead, register again
+  void handle(const LeaveNode& m);
   Result<std::string> handle(const CreatePlacementGroup& m);
   Deferred<PlacementGroupInfo> handle(const WaitPlacementGroup& m);
   Result<void> handle(const RemovePlacementGroup& m);
@@ -85,7 +86,8 @@ class HeadActor : public Actor<HeadActor, RegisterNode, NodeHeartbeat, CreatePla
   };
 
   void tick();
-  void node_dead(const std::string& id, const std::string& why);
+  /// `left`: it said goodbye (logged as such, not as a failure).
+  void node_dead(const std::string& id, const std::string& why, bool left = false);
   /// Tries the groups that wait, rescheduled ones first; persists and
   /// answers waiters of those that got placed.
   void place_pending();
