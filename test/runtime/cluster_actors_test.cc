@@ -507,3 +507,45 @@ TEST_CASE("cluster actors: troupe::init with no address starts an embedded clust
   CHECK(::kill(pid, 0) == -1);
   CHECK(errno == ESRCH);
 }
+
+TEST_CASE("cluster actors: an actor in a bundle whose node dies comes back where the group is rescheduled",
+          "[cluster][actors]") {
+  LocalCluster local(3);
+  auto& cluster = local.cluster;
+  troupe::PlacementGroupSpec spec;
+  spec.strategy = troupe::PlacementStrategy::strict_spread;
+  spec.bundles.assign(2, troupe::Bundle{{{"CPU", 1}}});
+  auto pg = cluster.create_placement_group(spec).value();
+  auto group = cluster.wait_placement_group(pg, 10s).value();
+  auto info = cluster.spawn_info<Counter>({.resources = {{"CPU", 1}}, .placement_group = pg, .bundle = 1,
+                                           .max_restarts = -1},
+                                          0, "in-bundle")
+                  .value();
+  REQUIRE(info.node == group.bundle_nodes[1]);
+  auto counter = cluster.follow<Counter>(info).value();
+  REQUIRE(counter.ask(Add{21}).get().value() == 21);
+  std::string lost = info.node;
+  local.agents[std::stoi(lost.substr(1)) - 1]->kill9();
+  // The group is rescheduled first; the actor follows its bundle there.
+  auto back = alive_again(cluster, info.id, 1);
+  auto moved = cluster.wait_placement_group(pg, 10s).value();
+  CHECK(moved.bundle_nodes[1] != lost);
+  CHECK(back.node == moved.bundle_nodes[1]);
+  CHECK(counter.ask(Total{}).get().value() == 21);
+}
+
+TEST_CASE("cluster actors: while the head is down, a spawn waits for it (bounded) and then succeeds",
+          "[cluster][actors]") {
+  LocalCluster local(1);
+  auto& cluster = local.cluster;
+  std::string address = local.head_process->address();
+  local.head_process->kill9();
+  troupe::Result<troupe::ActorInfo> spawned = troupe::error(ErrorCode::timeout, "not yet");
+  std::thread driver([&] { spawned = cluster.spawn_info<Counter>({}, 1, "late"); });
+  // The spawn is retrying against the dead address meanwhile.
+  local.head_process = head(local.home, address.substr(address.rfind(':') + 1));
+  driver.join();
+  REQUIRE(spawned.has_value());
+  CHECK(spawned->state == "alive");
+  CHECK(cluster.list_actors().value().size() == 1);  // one actor, however many attempts
+}
