@@ -120,13 +120,24 @@ TEST_CASE("cluster actors: spawn runs an actor in a worker process started by an
   }
   CHECK(nodes.size() == 2);
   CHECK(pids.size() == 2);
-  auto own = cluster.spawn<Counter>({.dedicated_process = true}, 0, "own").value();
+  auto own_info = cluster.spawn_info<Counter>({.dedicated_process = true}, 0, "own").value();
+  auto own = cluster.ref_to<Counter>(own_info).value();
   int64_t own_pid = own.ask(Pid{}).get().value();
   CHECK(pids.count(own_pid) == 0);
+  // A process of its own ends with its actor (the agent reaps it).
+  REQUIRE(cluster.kill_actor(own_info.id).ok());
+  bool reaped = false;
+  for (int i = 0; i < 500 && !reaped; ++i) {
+    reaped = ::kill(static_cast<pid_t>(own_pid), 0) == -1 && errno == ESRCH;
+    if (!reaped) std::this_thread::sleep_for(10ms);  // polling another process's end
+  }
+  CHECK(reaped);
 
   auto listed = cluster.list_actors().value();
-  CHECK(listed.size() == 6);
-  for (auto& a : listed) CHECK(a.state == "alive");
+  CHECK(listed.size() == 6);  // five alive, and the one killed
+  int alive = 0;
+  for (auto& a : listed) alive += a.state == "alive";
+  CHECK(alive == 5);
 }
 
 TEST_CASE("cluster actors: kill -9 of its worker brings the actor back with its last snapshot", "[cluster][actors]") {

@@ -163,6 +163,9 @@ class HeadActor : public Actor<HeadActor, RegisterNode, NodeHeartbeat, CreatePla
   /// The node for an actor, reserving its resources; kNoNode (and why).
   NodeIndex place_actor(ClusterActor& a, std::string* why, bool* hopeless);
   void release_actor_resources(ClusterActor& a);
+  /// The actor no longer runs in that worker; a dedicated worker left
+  /// empty is stopped.
+  void leave_worker(const std::string& worker_id, const std::string& actor_id);
   Worker* worker_for(const std::string& node, const ClusterActor& a);
   void start_worker(Worker& w);
   void create_on(Worker& w, const std::string& actor_id);

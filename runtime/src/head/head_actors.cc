@@ -258,6 +258,16 @@ void HeadActor::release_actor_resources(ClusterActor& a) {
   }
 }
 
+void HeadActor::leave_worker(const std::string& worker_id, const std::string& actor_id) {
+  auto w = workers_.find(worker_id);
+  if (w == workers_.end()) return;
+  w->second.hosted.erase(actor_id);
+  // A process of its own goes with its actor (shared workers stay, warm).
+  if (!w->second.rec.dedicated || !w->second.hosted.empty() || !w->second.queued.empty()) return;
+  auto node = nodes_.find(w->second.rec.node);
+  if (node != nodes_.end() && node->second.agent) (void)node->second.agent.tell(StopWorker{worker_id});
+}
+
 void HeadActor::schedule_actor(const std::string& id) {
   auto it = actors_.find(id);
   if (it == actors_.end()) return;
@@ -281,7 +291,13 @@ void HeadActor::schedule_actor(const std::string& id) {
   a.rec.info.reason.clear();
   a.rec.info.node = ledger_.node(node).id;
   Worker* w = worker_for(a.rec.info.node, a);
-  if (w == nullptr) return;  // worker_for reported it
+  if (w == nullptr) {
+    // No worker can start there now (its agent just went): wait for a place.
+    release_actor_resources(a);
+    a.rec.info.reason = "no worker can start on node " + a.rec.info.node + " now";
+    pending_actors_.push_back(id);
+    return;
+  }
   if (w->ready) {
     create_on(*w, id);
   } else {
@@ -409,7 +425,7 @@ void HeadActor::create_on(Worker& w, const std::string& actor_id) {
       return;
     }
     if (!r) {
-      if (auto w = workers_.find(wid); w != workers_.end()) w->second.hosted.erase(actor_id);
+      leave_worker(wid, actor_id);
       if (hopeless_error(r.error().code())) {
         actor_dead(actor_id, "it cannot be created: " + r.error().message(), false);
       } else {
@@ -463,7 +479,7 @@ void HeadActor::actor_failed(const std::string& id, const std::string& why) {
     actor_dead(id, why + " (max_restarts " + std::to_string(max) + (max == 0 ? ")" : " used up)"), false);
     return;
   }
-  if (auto w = workers_.find(a.rec.info.worker); w != workers_.end()) w->second.hosted.erase(id);
+  leave_worker(a.rec.info.worker, id);
   ++a.attempt;  // an answer to a creation still in flight is stale now
   release_actor_resources(a);
   a.rec.info.restarts++;
@@ -488,7 +504,7 @@ void HeadActor::actor_dead(const std::string& id, const std::string& why, bool s
       (void)w->second.ref.tell(StopActor{id});
     }
   }
-  if (auto w = workers_.find(a.rec.info.worker); w != workers_.end()) w->second.hosted.erase(id);
+  leave_worker(a.rec.info.worker, id);
   bool freed = a.holds_on != kNoNode || a.in_bundle >= 0;
   release_actor_resources(a);
   const ActorOptions& o = a.rec.spec.options;
