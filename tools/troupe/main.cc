@@ -228,7 +228,8 @@ json to_json(const troupe::ActorInfo& a) {
                   {"detached", o.detached},
                   {"snapshot_every", o.snapshot_every},
                   {"mailbox_bound", o.mailbox_bound},
-                  {"dedicated_process", o.dedicated_process}};
+                  {"dedicated_process", o.dedicated_process},
+                  {"colocate_with", o.colocate_with}};
   return {{"id", a.id},
           {"class_name", a.class_name},
           {"state", a.state},

@@ -130,9 +130,12 @@ struct ActorOptions {
   /// A worker process of its own instead of the node's shared worker for
   /// this program (crash isolation, at the price of a process start).
   bool dedicated_process = false;
+  /// Run in the same process as the actor with this id (a mesh's process
+  /// anchor): it goes where that one goes, and waits while that one restarts.
+  std::string colocate_with{};
 
   TROUPE_FIELDS(name, ns, resources, placement_group, bundle, label_selector, max_restarts, max_task_retries,
-                detached, snapshot_every, mailbox_bound, dedicated_process);
+                detached, snapshot_every, mailbox_bound, dedicated_process, colocate_with);
 };
 
 /// An actor of the cluster as the head sees it.

@@ -183,6 +183,27 @@ void HeadActor::watch_owner(const ClusterActor& a) {
 NodeIndex HeadActor::place_actor(ClusterActor& a, std::string* why, bool* hopeless) {
   const ActorOptions& o = a.rec.spec.options;
   *hopeless = false;
+  if (!o.colocate_with.empty()) {
+    auto anchor = actors_.find(o.colocate_with);
+    if (anchor == actors_.end()) {
+      *hopeless = true;
+      *why = "the actor it is colocated with (" + o.colocate_with + ") is gone";
+      return kNoNode;
+    }
+    const ActorInfo& at = anchor->second.rec.info;
+    NodeIndex node = at.state == "alive" ? ledger_.find_node(at.node) : kNoNode;
+    if (node == kNoNode || !workers_.count(at.worker)) {
+      *why = "waiting for the actor it is colocated with (" + o.colocate_with + ", " + at.state + ")";
+      return kNoNode;
+    }
+    if (!ledger_.acquire(node, o.resources)) {
+      *why = "waiting for resources: node " + at.node + " of " + o.colocate_with + " has not " +
+             describe(o.resources) + " free";
+      return kNoNode;
+    }
+    a.holds_on = node;
+    return node;
+  }
   if (!o.placement_group.empty()) {
     auto g = groups_.find(o.placement_group);
     if (g == groups_.end()) {
@@ -290,7 +311,12 @@ void HeadActor::schedule_actor(const std::string& id) {
   if (a.rec.info.state != "restarting") a.rec.info.state = "starting";
   a.rec.info.reason.clear();
   a.rec.info.node = ledger_.node(node).id;
-  Worker* w = worker_for(a.rec.info.node, a);
+  Worker* w = nullptr;
+  if (const std::string& anchor = a.rec.spec.options.colocate_with; !anchor.empty()) {
+    w = &workers_.find(actors_.find(anchor)->second.rec.info.worker)->second;  // place_actor checked both
+  } else {
+    w = worker_for(a.rec.info.node, a);
+  }
   if (w == nullptr) {
     // No worker can start there now (its agent just went): wait for a place.
     release_actor_resources(a);
@@ -461,6 +487,8 @@ void HeadActor::actor_alive(ClusterActor& a, const std::string& worker, const Lo
   }
   TROUPE_LOG(debug, "event=actor_alive actor={} node={} restarts={}", info.id, info.node, info.restarts);
   answer_waiters(a, Status());
+  // Actors colocated with this one may have waited for it.
+  if (!pending_actors_.empty()) place_pending_actors();
 }
 
 void HeadActor::answer_waiters(ClusterActor& a, const Status& status) {

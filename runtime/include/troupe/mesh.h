@@ -1,0 +1,194 @@
+// Actor meshes (Monarch's): processes laid out in a named shape, one actor
+// of a class per process, and messages to all of a mesh (or a slice of it)
+// at once.
+//
+//   auto pg = cluster.create_placement_group({.bundles = std::vector(8, Bundle{{{"CPU", 1}}})}).value();
+//   auto procs = ProcMesh::create(cluster, Shape::make({{"hosts", 2}, {"procs", 4}}).value(), pg).value();
+//   auto trainers = procs.spawn<Trainer>({.max_restarts = -1}, config).value();   // ActorMesh<Trainer>
+//   ValueMesh<float> losses = trainers.call(Step{});                              // every member's reply
+//   trainers.slice({{"hosts", 0}}).value().cast(Sync{});                          // fire and forget
+//
+// Each process of a ProcMesh is a worker of its own in one bundle of a
+// placement group, anchored by a small actor; the actors of an ActorMesh are
+// colocated with the anchors, so that a restarted process brings its actors
+// back at their coordinates. See docs/meshes.md.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "troupe/cluster.h"
+#include "troupe/mesh_shape.h"
+
+namespace troupe {
+
+/// Every member's reply to a call, in view order, with the view's shape:
+/// partial results when some members failed.
+template <class R>
+class ValueMesh {
+ public:
+  ValueMesh(Shape shape, std::vector<Result<R>> values) : shape_(std::move(shape)), values_(std::move(values)) {}
+
+  const Shape& shape() const { return shape_; }
+  size_t size() const { return values_.size(); }
+  /// The reply of the member at view index `index` (its global rank is
+  /// shape().rank(index)).
+  const Result<R>& operator[](size_t index) const { return values_[index]; }
+  const std::vector<Result<R>>& values() const { return values_; }
+  /// True when every member answered.
+  bool ok() const {
+    for (auto& v : values_) {
+      if (!v) return false;
+    }
+    return true;
+  }
+  /// The members that failed: (view index, why).
+  std::vector<std::pair<size_t, Status>> errors() const {
+    std::vector<std::pair<size_t, Status>> out;
+    for (size_t i = 0; i < values_.size(); ++i) {
+      if (!values_[i]) out.emplace_back(i, values_[i].error());
+    }
+    return out;
+  }
+
+ private:
+  Shape shape_;
+  std::vector<Result<R>> values_;
+};
+
+/// What ActorMesh members share: their records and refs by global rank.
+struct MeshMembers {
+  std::vector<ActorInfo> infos;
+  std::vector<AnyRef> refs;  // refs that follow each member across restarts
+};
+
+/// One actor of class A per process of a ProcMesh (or a view of them).
+template <class A>
+class ActorMesh {
+ public:
+  ActorMesh(Shape shape, std::shared_ptr<const MeshMembers> members)
+      : shape_(std::move(shape)), members_(std::move(members)) {}
+
+  const Shape& shape() const { return shape_; }
+  size_t size() const { return shape_.size(); }
+  /// The member at view index `index`.
+  ActorRef<A> member(size_t index) const {
+    return ActorRef<A>(detail::CellPtr(members_->refs[shape_.rank(index)].cell()));
+  }
+  /// Its record as the head had it when the mesh was made (id, node).
+  const ActorInfo& info(size_t index) const { return members_->infos[shape_.rank(index)]; }
+
+  /// Views: the same actors, fewer of them (see Shape).
+  Result<ActorMesh> slice(const std::vector<std::pair<std::string, size_t>>& fixed) const {
+    return view(shape_.slice(fixed));
+  }
+  Result<ActorMesh> range(const std::string& dim, size_t begin, size_t end, size_t step = 1) const {
+    return view(shape_.range(dim, begin, end, step));
+  }
+  ActorMesh flatten(const std::string& name) const { return ActorMesh(shape_.flatten(name), members_); }
+  Result<ActorMesh> rename(const std::string& from, const std::string& to) const {
+    return view(shape_.rename(from, to));
+  }
+
+  /// Asks every member of the view and waits for all replies (each bounded
+  /// by `timeout`): a member that fails or does not answer has its error in
+  /// the result, the others their values.
+  template <class M>
+  ValueMesh<detail::reply_t<A, std::remove_cvref_t<M>>> call(
+      const M& msg, std::chrono::milliseconds timeout = kDefaultTimeout) const {
+    using R = detail::reply_t<A, std::remove_cvref_t<M>>;
+    std::vector<Future<R>> pending;
+    pending.reserve(size());
+    for (size_t i = 0; i < size(); ++i) pending.push_back(member(i).ask(msg, timeout));
+    std::vector<Result<R>> values;
+    values.reserve(size());
+    for (auto& f : pending) values.push_back(f.get());
+    return ValueMesh<R>(shape_, std::move(values));
+  }
+
+  /// Sends `msg` to every member of the view without waiting. Fails (having
+  /// sent to the others) with the first member that could not be sent to.
+  template <class M>
+  Status cast(const M& msg) const {
+    Status first;
+    for (size_t i = 0; i < size(); ++i) {
+      Status s = member(i).tell(msg);
+      if (!s.ok() && first.ok()) first = s;
+    }
+    return first;
+  }
+
+ private:
+  Result<ActorMesh> view(Result<Shape> shape) const {
+    if (!shape) return error(shape.error());
+    return ActorMesh(std::move(*shape), members_);
+  }
+
+  Shape shape_;
+  std::shared_ptr<const MeshMembers> members_;
+};
+
+/// How a ProcMesh's processes are kept.
+struct ProcMeshOptions {
+  /// Restarts of a process (with its actors) after it dies: -1 without
+  /// limit (the default), 0 none.
+  int max_restarts = -1;
+  /// How long to wait for the placement group and the processes.
+  std::chrono::milliseconds timeout{60'000};
+};
+
+/// Processes laid out by a shape, one per bundle of a placement group.
+class ProcMesh {
+ public:
+  /// Starts one worker process per bundle of `placement_group` (waiting for
+  /// the group to be created), member rank i in bundle i. The shape's size
+  /// must equal the number of bundles.
+  static Result<ProcMesh> create(const ClusterClient& cluster, Shape shape, const std::string& placement_group,
+                                 ProcMeshOptions options = {});
+
+  const Shape& shape() const { return shape_; }
+  /// The anchor actors' records (node, worker), by global rank.
+  const std::vector<ActorInfo>& processes() const { return procs_; }
+
+  /// One actor of class A per process, built from `args`, with `options`
+  /// (its restarts, snapshots, mailbox; placement is the mesh's). Waits
+  /// until all are alive.
+  template <class A, class... Args>
+  Result<ActorMesh<A>> spawn(ActorOptions options, Args&&... args) const {
+    std::vector<Future<ActorInfo>> pending;
+    for (const ActorInfo& proc : procs_) {
+      ActorOptions o = options;
+      o.colocate_with = proc.id;
+      o.placement_group.clear();
+      o.bundle = -1;
+      o.name.clear();
+      pending.push_back(cluster_.spawn_async<A>(o, args...));
+    }
+    auto members = std::make_shared<MeshMembers>();
+    for (auto& f : pending) {
+      auto info = f.get();
+      if (!info) return error(info.error().code(), "mesh: a member did not start: " + info.error().message());
+      auto ref = cluster_.follow<A>(*info);
+      if (!ref) return error(ref.error());
+      members->infos.push_back(*info);
+      members->refs.push_back(AnyRef(detail::CellPtr(ref->cell())));
+    }
+    return ActorMesh<A>(shape_, std::move(members));
+  }
+
+  /// Stops the processes (and every actor in them).
+  Status stop() const;
+
+ private:
+  ProcMesh(ClusterClient cluster, Shape shape, std::vector<ActorInfo> procs)
+      : cluster_(std::move(cluster)), shape_(std::move(shape)), procs_(std::move(procs)) {}
+
+  ClusterClient cluster_;
+  Shape shape_;
+  std::vector<ActorInfo> procs_;
+};
+
+}  // namespace troupe

@@ -1,0 +1,160 @@
+// Actor meshes on a real cluster: 8 worker processes across 2 agents laid out
+// as {hosts: 2, procs: 4}; calls gather replies in rank order, slices select
+// by coordinates, a dead member shows up as a partial failure, and the
+// restarted process brings its actor back at its coordinates.
+#include <signal.h>
+#include <unistd.h>
+
+#include <set>
+#include <string>
+#include <vector>
+
+#include <catch2/catch.hpp>
+
+#include "support/local_cluster.h"
+#include "troupe/mesh.h"
+
+using namespace std::chrono_literals;
+using troupe::ErrorCode;
+using namespace troupe::test;
+
+namespace {
+
+struct WhoIs {
+  TROUPE_MESSAGE_NAMED(WhoIs, "test.mesh.WhoIs");
+};
+struct Bump {
+  int n = 0;
+  TROUPE_MESSAGE_NAMED(Bump, "test.mesh.Bump", n);
+};
+struct Seen {
+  TROUPE_MESSAGE_NAMED(Seen, "test.mesh.Seen");
+};
+/// The member in process `pid` fails this call; the others answer.
+struct FailIn {
+  int64_t pid = 0;
+  TROUPE_MESSAGE_NAMED(FailIn, "test.mesh.FailIn", pid);
+};
+
+/// A mesh member: says which process it is in, counts casts it received.
+class Member : public troupe::Actor<Member, WhoIs, Bump, Seen, FailIn> {
+ public:
+  explicit Member(std::string tag) : tag_(std::move(tag)) {}
+  std::string handle(const WhoIs&) { return tag_ + ":" + std::to_string(getpid()); }
+  void handle(const Bump& m) { seen_ += m.n; }
+  int handle(const Seen&) { return seen_; }
+  int handle(const FailIn& m) {
+    if (m.pid == getpid()) fail("asked to fail");
+    return 1;
+  }
+
+ private:
+  std::string tag_;
+  int seen_ = 0;
+};
+
+int64_t pid_of(const std::string& who) { return std::stoll(who.substr(who.find(':') + 1)); }
+
+/// A head, two agents of 2 CPUs, and a {hosts: 2, procs: 4} mesh of 8
+/// processes on a PACK group of 8 half-CPU bundles (4 per agent).
+struct MeshCluster {
+  LocalCluster local{2};
+  troupe::Shape shape = troupe::Shape::make({{"hosts", 2}, {"procs", 4}}).value();
+  std::string pg = [this] {
+    troupe::PlacementGroupSpec spec;
+    spec.strategy = troupe::PlacementStrategy::pack;
+    spec.bundles.assign(8, troupe::Bundle{{{"CPU", 0.5}}});
+    return local.cluster.create_placement_group(spec).value();
+  }();
+  troupe::ProcMesh procs = troupe::ProcMesh::create(local.cluster, shape, pg).value();
+};
+
+}  // namespace
+
+TEST_CASE("meshes: a mesh of 8 processes across 2 agents answers a call in rank order, one process each",
+          "[cluster][mesh]") {
+  MeshCluster m;
+  REQUIRE(m.procs.processes().size() == 8);
+  auto mesh = m.procs.spawn<Member>({}, "m").value();
+  auto replies = mesh.call(WhoIs{});
+  REQUIRE(replies.ok());
+  REQUIRE(replies.size() == 8);
+  std::set<int64_t> pids;
+  std::set<std::string> nodes;
+  for (size_t i = 0; i < replies.size(); ++i) {
+    pids.insert(pid_of(*replies[i]));
+    nodes.insert(mesh.info(i).node);
+    CHECK(replies.shape().rank(i) == i);
+  }
+  CHECK(pids.size() == 8);   // a process per member
+  CHECK(nodes.size() == 2);  // over both agents
+  CHECK(pids.count(getpid()) == 0);
+
+  // A slice: host 1's members, in order, are global ranks 4..7.
+  auto host1 = mesh.slice({{"hosts", 1}}).value();
+  auto from1 = host1.call(WhoIs{});
+  REQUIRE(from1.ok());
+  REQUIRE(from1.size() == 4);
+  for (size_t i = 0; i < 4; ++i) CHECK(*from1[i] == *replies[4 + i]);
+  // A range of a dimension: procs 1 and 3 on both hosts.
+  auto odd = mesh.range("procs", 1, 4, 2).value();
+  CHECK(odd.shape().ranks() == std::vector<size_t>{1, 3, 5, 7});
+  CHECK(*odd.call(WhoIs{})[2] == *replies[5]);
+}
+
+TEST_CASE("meshes: cast reaches every member of a slice exactly once", "[cluster][mesh]") {
+  MeshCluster m;
+  auto mesh = m.procs.spawn<Member>({}, "m").value();
+  auto host0 = mesh.slice({{"hosts", 0}}).value();
+  REQUIRE(host0.cast(Bump{1}).ok());
+  REQUIRE(mesh.cast(Bump{10}).ok());
+  // Per-sender order: each member's Seen comes after the casts to it.
+  auto seen = mesh.call(Seen{});
+  REQUIRE(seen.ok());
+  for (size_t i = 0; i < 8; ++i) CHECK(*seen[i] == (i < 4 ? 11 : 10));
+}
+
+TEST_CASE("meshes: a failing member is a partial failure; the others' replies stay in rank order",
+          "[cluster][mesh]") {
+  MeshCluster m;
+  auto mesh = m.procs.spawn<Member>({.max_restarts = -1}, "m").value();
+  auto who = mesh.call(WhoIs{});
+  REQUIRE(who.ok());
+  auto partial = mesh.call(FailIn{pid_of(*who[5])});
+  CHECK_FALSE(partial.ok());
+  auto errors = partial.errors();
+  REQUIRE(errors.size() == 1);
+  CHECK(errors[0].first == 5);
+  CHECK(errors[0].second.code() == ErrorCode::handler_failed);
+  CHECK_THAT(errors[0].second.message(), Catch::Contains("asked to fail"));
+  for (size_t i = 0; i < 8; ++i) {
+    if (i != 5) CHECK(*partial[i] == 1);
+  }
+}
+
+TEST_CASE("meshes: kill -9 of a member's process: it restarts and answers again at its coordinates",
+          "[cluster][mesh]") {
+  MeshCluster m;
+  auto mesh = m.procs.spawn<Member>({.max_restarts = -1}, "m").value();
+  auto before = mesh.call(WhoIs{});
+  REQUIRE(before.ok());
+  int64_t victim = pid_of(*before[5]);
+  REQUIRE(::kill(static_cast<pid_t>(victim), SIGKILL) == 0);
+  // Its process and actor come back (the anchor first, then the member in
+  // it); the same mesh reaches it at rank 5, the others untouched.
+  bool back = false;
+  troupe::Result<std::string> five = troupe::error(ErrorCode::timeout, "not yet");
+  for (int i = 0; i < 100 && !back; ++i) {
+    five = mesh.member(5).ask(WhoIs{}, 5s).get();  // the first may have been in flight at the kill
+    back = five.has_value();
+  }
+  REQUIRE(back);
+  CHECK(pid_of(*five) != victim);
+  CHECK(mesh.member(5).ask(WhoIs{}).get().value() == *five);
+  auto after = mesh.call(WhoIs{});
+  REQUIRE(after.ok());
+  for (size_t i = 0; i < 8; ++i) {
+    if (i != 5) CHECK(*after[i] == *before[i]);
+  }
+  CHECK(m.local.cluster.actor(mesh.info(5).id).value().restarts == 1);
+}
