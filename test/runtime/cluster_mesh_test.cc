@@ -53,6 +53,17 @@ class Member : public troupe::Actor<Member, WhoIs, Bump, Seen, FailIn> {
   int seen_ = 0;
 };
 
+struct GetFailures {};
+/// A mesh's owner: keeps the failures it is told of.
+class MeshOwner : public troupe::Actor<MeshOwner, troupe::MeshFailure, GetFailures> {
+ public:
+  void handle(const troupe::MeshFailure& f) { got_.push_back(f); }
+  std::vector<troupe::MeshFailure> handle(const GetFailures&) { return got_; }
+
+ private:
+  std::vector<troupe::MeshFailure> got_;
+};
+
 int64_t pid_of(const std::string& who) { return std::stoll(who.substr(who.find(':') + 1)); }
 
 /// A head, two agents of 2 CPUs, and a {hosts: 2, procs: 4} mesh of 8
@@ -157,4 +168,30 @@ TEST_CASE("meshes: kill -9 of a member's process: it restarts and answers again 
     if (i != 5) CHECK(*after[i] == *before[i]);
   }
   CHECK(m.local.cluster.actor(mesh.info(5).id).value().restarts == 1);
+}
+
+TEST_CASE("meshes: the mesh's owner is told which member failed and why, and the member rejoins",
+          "[cluster][mesh]") {
+  MeshCluster m;
+  auto mesh = m.procs.spawn<Member>({.max_restarts = -1}, "m").value();
+  auto owner = m.local.rt.spawn<MeshOwner>();
+  REQUIRE(mesh.supervise(owner).ok());
+  int64_t victim = pid_of(mesh.member(6).ask(WhoIs{}).get().value());
+  REQUIRE(::kill(static_cast<pid_t>(victim), SIGKILL) == 0);
+  std::vector<troupe::MeshFailure> failures;
+  for (int i = 0; i < 500 && failures.empty(); ++i) {
+    failures = owner.ask(GetFailures{}).get().value();
+    if (failures.empty()) std::this_thread::sleep_for(10ms);  // polling the owner's record
+  }
+  REQUIRE(failures.size() == 1);
+  CHECK(failures[0].rank == 6);
+  CHECK(failures[0].coords == std::vector<size_t>{1, 2});
+  CHECK(failures[0].restarting);
+  CHECK(failures[0].actor_id == mesh.info(6).id);
+  CHECK_THAT(failures[0].reason, Catch::Contains("worker process died"));
+  // It rejoins: the next call is whole again.
+  troupe::Result<std::string> back = troupe::error(ErrorCode::timeout, "not yet");
+  for (int i = 0; i < 100 && !back; ++i) back = mesh.member(6).ask(WhoIs{}, 5s).get();
+  REQUIRE(back.has_value());
+  CHECK(mesh.call(WhoIs{}).ok());
 }

@@ -22,6 +22,7 @@
 #include "troupe/codec.h"
 #include "troupe/detail/actor_class.h"
 #include "troupe/future.h"
+#include "troupe/message.h"
 #include "troupe/placement.h"
 #include "troupe/runtime.h"
 #include "troupe/status.h"
@@ -159,6 +160,17 @@ struct ActorInfo {
   ActorOptions options;
 
   TROUPE_FIELDS(id, class_name, state, reason, node, worker, address, ref_id, restarts, options);
+};
+
+/// A change in the life of an actor of the cluster (ClusterClient::watch).
+struct ActorEvent {
+  std::string id;
+  /// "restarting" (it failed and will come back), "alive" (it is back) or
+  /// "dead" (for good).
+  std::string state;
+  std::string reason;
+  uint32_t restarts = 0;
+  TROUPE_MESSAGE_NAMED(ActorEvent, "troupe.ActorEvent", id, state, reason, restarts);
 };
 
 /// What `troupe status` shows.
@@ -318,6 +330,11 @@ class ClusterClient {
                                 std::chrono::milliseconds timeout = std::chrono::seconds(10)) const;
   /// Every actor the cluster has (and the last dead ones).
   Result<std::vector<ActorInfo>> list_actors(std::chrono::milliseconds timeout = std::chrono::seconds(10)) const;
+  /// Tells `watcher` (an actor handling ActorEvent) whenever one of `ids`
+  /// fails, comes back or dies for good. The head forgets watches when it
+  /// restarts.
+  Status watch(const std::vector<std::string>& ids, const AnyRef& watcher,
+               std::chrono::milliseconds timeout = std::chrono::seconds(10)) const;
   /// Stops an actor for good, whatever its max_restarts.
   Status kill_actor(const std::string& id, std::chrono::milliseconds timeout = std::chrono::seconds(10)) const;
 

@@ -61,9 +61,27 @@ class ValueMesh {
 
 /// What ActorMesh members share: their records and refs by global rank.
 struct MeshMembers {
+  Shape full;  // the whole mesh
   std::vector<ActorInfo> infos;
   std::vector<AnyRef> refs;  // refs that follow each member across restarts
+  std::shared_ptr<ClusterClient::State> cluster;
 };
+
+/// Delivered to a mesh's owner (ActorMesh::supervise) when a member fails:
+/// which one, why, and whether it comes back (at the same coordinates).
+struct MeshFailure {
+  size_t rank = 0;
+  std::vector<size_t> coords;
+  std::string actor_id;
+  std::string reason;
+  /// True: it restarts and rejoins the mesh at its coordinates (messages
+  /// to it wait); false: it is dead for good.
+  bool restarting = false;
+};
+
+namespace detail {
+Status supervise_mesh(const MeshMembers& members, const AnyRef& owner);
+}  // namespace detail
 
 /// One actor of class A per process of a ProcMesh (or a view of them).
 template <class A>
@@ -108,6 +126,13 @@ class ActorMesh {
     for (auto& f : pending) values.push_back(f.get());
     return ValueMesh<R>(shape_, std::move(values));
   }
+
+  /// Makes `owner` (an actor of this process that handles MeshFailure) the
+  /// mesh's owner: each failure of a member is delivered to it (Monarch's
+  /// mesh supervision). It handles it, or escalates by failing in its
+  /// handler (its supervisor then decides). The mesh's actors stop when the
+  /// driver that spawned them goes.
+  Status supervise(const AnyRef& owner) const { return detail::supervise_mesh(*members_, owner); }
 
   /// Sends `msg` to every member of the view without waiting. Fails (having
   /// sent to the others) with the first member that could not be sent to.
@@ -168,6 +193,8 @@ class ProcMesh {
       pending.push_back(cluster_.spawn_async<A>(o, args...));
     }
     auto members = std::make_shared<MeshMembers>();
+    members->full = shape_;
+    members->cluster = cluster_.state();
     for (auto& f : pending) {
       auto info = f.get();
       if (!info) return error(info.error().code(), "mesh: a member did not start: " + info.error().message());

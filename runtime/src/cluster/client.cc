@@ -342,6 +342,12 @@ Result<std::vector<ActorInfo>> ClusterClient::list_actors(std::chrono::milliseco
   return call<std::vector<ActorInfo>>(ListActors{}, timeout);
 }
 
+Status ClusterClient::watch(const std::vector<std::string>& ids, const AnyRef& watcher,
+                            std::chrono::milliseconds timeout) const {
+  auto r = call<void>(WatchActors{ids, watcher}, timeout);
+  return r ? Status() : r.error();
+}
+
 Status ClusterClient::kill_actor(const std::string& id, std::chrono::milliseconds timeout) const {
   auto r = call<void>(KillActor{id}, timeout);
   return r ? Status() : r.error();

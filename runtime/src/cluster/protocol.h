@@ -182,6 +182,15 @@ struct GetActor {
 struct ListActors {
   TROUPE_MESSAGE_NAMED(ListActors, "troupe.ListActors");
 };
+/// Driver -> head: tell `watcher` an ActorEvent whenever one of these actors
+/// fails, comes back or dies (until it is dead). Not kept across a head
+/// restart.
+struct WatchActors {
+  std::vector<std::string> ids;
+  AnyRef watcher;
+  TROUPE_MESSAGE_NAMED(WatchActors, "troupe.WatchActors", ids, watcher);
+};
+
 /// Driver -> head: stop it for good (no restart).
 struct KillActor {
   std::string id;

@@ -37,7 +37,7 @@ struct HeadConfig {
 class HeadActor : public Actor<HeadActor, RegisterNode, NodeHeartbeat, CreatePlacementGroup, WaitPlacementGroup,
                                RemovePlacementGroup, GetClusterStatus, SubmitJob, GetJob, ReadJobLog, StopJob,
                                JobEnded, RegisterName, LookupName, UnregisterName, SpawnActor, GetActor, ListActors,
-                               KillActor, WorkerExited, ActorExited, SaveSnapshot, LeaveNode> {
+                               KillActor, WorkerExited, ActorExited, SaveSnapshot, LeaveNode, WatchActors> {
  public:
   HeadActor(std::shared_ptr<Store> store, HeadConfig config);
 
@@ -67,6 +67,7 @@ class HeadActor : public Actor<HeadActor, RegisterNode, NodeHeartbeat, CreatePla
   void handle(const WorkerExited& m);
   void handle(const ActorExited& m);
   void handle(const SaveSnapshot& m);
+  Result<void> handle(const WatchActors& m);
 
  private:
   struct Node {
@@ -139,6 +140,8 @@ class HeadActor : public Actor<HeadActor, RegisterNode, NodeHeartbeat, CreatePla
     /// recognised and ignored.
     uint64_t attempt = 0;
     std::vector<ActorWaiter> waiters;
+    /// Told an ActorEvent at each failure, return and death.
+    std::vector<AnyRef> watchers;
   };
   struct Worker {
     WorkerRecord rec;
@@ -181,6 +184,7 @@ class HeadActor : public Actor<HeadActor, RegisterNode, NodeHeartbeat, CreatePla
   /// Applies changes to the store, or adds them to the batch in progress.
   Status write(std::vector<Store::Change> changes);
   void answer_waiters(ClusterActor& a, const Status& status);
+  void tell_watchers(const ClusterActor& a);
   void expire_actor_waiters(std::chrono::steady_clock::time_point now);
   /// Stops the actors of a placement group being removed.
   void stop_group_actors(const std::string& group);

@@ -486,6 +486,7 @@ void HeadActor::actor_alive(ClusterActor& a, const std::string& worker, const Lo
     }
   }
   TROUPE_LOG(debug, "event=actor_alive actor={} node={} restarts={}", info.id, info.node, info.restarts);
+  if (info.restarts > 0) tell_watchers(a);
   answer_waiters(a, Status());
   // Actors colocated with this one may have waited for it.
   if (!pending_actors_.empty()) place_pending_actors();
@@ -496,6 +497,22 @@ void HeadActor::answer_waiters(ClusterActor& a, const Status& status) {
   a.waiters.clear();
   ActorInfo info = a.rec.info;  // a waiter may change the table
   for (auto& w : waiters) w.fn(info, status);
+}
+
+void HeadActor::tell_watchers(const ClusterActor& a) {
+  if (a.watchers.empty()) return;
+  ActorEvent e{a.rec.info.id, a.rec.info.state, a.rec.info.reason, a.rec.info.restarts};
+  for (const AnyRef& w : a.watchers) (void)w.tell(e);
+}
+
+Result<void> HeadActor::handle(const WatchActors& m) {
+  if (!m.watcher) return error(ErrorCode::invalid_argument, "watch: no watcher");
+  for (const std::string& id : m.ids) {
+    auto it = actors_.find(id);
+    if (it == actors_.end()) return error(ErrorCode::not_found, "watch: actor " + id + " does not exist (or is dead)");
+  }
+  for (const std::string& id : m.ids) actors_.find(id)->second.watchers.push_back(m.watcher);
+  return {};
 }
 
 void HeadActor::actor_failed(const std::string& id, const std::string& why) {
@@ -519,6 +536,7 @@ void HeadActor::actor_failed(const std::string& id, const std::string& why) {
     TROUPE_LOG(err, "event=store_write_failed kind=actor id={} reason=\"{}\"", id, s.message());
   }
   TROUPE_LOG(info, "event=actor_restarting actor={} restarts={} reason=\"{}\"", id, a.rec.info.restarts, why);
+  tell_watchers(a);
   schedule_actor(id);
 }
 
@@ -548,6 +566,7 @@ void HeadActor::actor_dead(const std::string& id, const std::string& why, bool s
   a.rec.info.reason = why;
   (void)write({{"actor", id, std::nullopt}, {"snap", id, std::nullopt}});
   TROUPE_LOG(info, "event=actor_dead actor={} reason=\"{}\"", id, why);
+  tell_watchers(a);
   answer_waiters(a, Status(ErrorCode::actor_dead, "actor " + id + " is dead: " + why));
   if (dead_actors_.size() >= kDeadActorsKept) dead_actors_.pop_front();
   dead_actors_.push_back(a.rec.info);
