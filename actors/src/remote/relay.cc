@@ -281,6 +281,52 @@ Relay::Relay(CellPtr first, Resolver resolve, uint32_t max_retries, size_t max_p
 
 Relay::~Relay() = default;
 
+CellPtr Relay::current() const {
+  std::lock_guard<std::mutex> lock(state_->mu);
+  if (state_->target && !cell_dead(state_->target.get())) return state_->target;
+  return CellPtr();
+}
+
+Relay* relay_of(CellControl* cell) { return cell ? cell_of(cell)->relay() : nullptr; }
+
+Result<std::pair<uint64_t, std::string>> encode_message(CellControl* context, const MessageBox& box) {
+  uint64_t wire_id = box.ops() ? box.ops()->wire_id : 0;
+  if (wire_id == 0) {
+    return error(ErrorCode::invalid_argument, "message " + box.type_name() +
+                                                  " cannot leave its process: declare it with TROUPE_MESSAGE");
+  }
+  auto node = cell_of(context)->runtime()->node();
+  if (!node) return error(node.error());
+  std::string bytes;
+  CodecScope scope(node->get());
+  box.encode(bytes);
+  return std::make_pair(wire_id, std::move(bytes));
+}
+
+Result<CellPtr> cell_at(CellControl* context, const std::string& address, uint64_t id) {
+  auto node = cell_of(context)->runtime()->node();
+  if (!node) return error(node.error());
+  CellPtr cell;
+  std::string problem;
+  if (!(*node)->ref_for(address, id, &cell, &problem)) return error(ErrorCode::invalid_argument, problem);
+  if (!cell) return error(ErrorCode::actor_dead, "no actor " + std::to_string(id) + " at " + address);
+  return cell;
+}
+
+Status tell_encoded(CellControl* context, CellControl* to, uint64_t wire_id, std::string_view bytes) {
+  auto node = cell_of(context)->runtime()->node();
+  if (!node) return node.error();
+  MessageBox box;
+  std::string problem;
+  bool decoded;
+  {
+    CodecScope scope(node->get());
+    decoded = decode_wire_message(wire_id, bytes, &box, &problem);
+  }
+  if (!decoded) return Status(ErrorCode::malformed, "encoded message: " + problem);
+  return detail::send(to, Envelope(std::move(box), nullptr, ReplyRef()));
+}
+
 void Relay::retarget(CellPtr next) { state_->resolved(Result<CellPtr>(std::move(next))); }
 
 Status Relay::send(Envelope&& env) {

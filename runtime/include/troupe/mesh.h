@@ -65,6 +65,10 @@ struct MeshMembers {
   std::vector<ActorInfo> infos;
   std::vector<AnyRef> refs;  // refs that follow each member across restarts
   std::shared_ptr<ClusterClient::State> cluster;
+  /// The processes' anchors (refs that follow them), and each member's
+  /// process: a cast goes from anchor to anchor down a tree.
+  std::vector<AnyRef> anchors;
+  std::vector<size_t> process_of;
 };
 
 /// Delivered to a mesh's owner (ActorMesh::supervise) when a member fails:
@@ -81,6 +85,8 @@ struct MeshFailure {
 
 namespace detail {
 Status supervise_mesh(const MeshMembers& members, const AnyRef& owner);
+/// A cast to the members of `view`: down a tree of the processes' anchors.
+Status mesh_cast(const MeshMembers& members, const Shape& view, MessageBox box);
 }  // namespace detail
 
 /// One actor of class A per process of a ProcMesh (or a view of them).
@@ -134,16 +140,15 @@ class ActorMesh {
   /// driver that spawned them goes.
   Status supervise(const AnyRef& owner) const { return detail::supervise_mesh(*members_, owner); }
 
-  /// Sends `msg` to every member of the view without waiting. Fails (having
-  /// sent to the others) with the first member that could not be sent to.
+  /// Sends `msg` to every member of the view without waiting, once each,
+  /// down a tree of the mesh's processes (each forwards to a few others:
+  /// O(log n) hops, a few sends from the caller whatever the mesh's size).
+  /// A member that is restarting gets it when it is back. Fails only when
+  /// the message cannot be encoded (declare it with TROUPE_MESSAGE).
   template <class M>
   Status cast(const M& msg) const {
-    Status first;
-    for (size_t i = 0; i < size(); ++i) {
-      Status s = member(i).tell(msg);
-      if (!s.ok() && first.ok()) first = s;
-    }
-    return first;
+    static_assert(detail::accepts<A, std::remove_cvref_t<M>>, "cast: the actor class does not list this message type");
+    return detail::mesh_cast(*members_, shape_, detail::MessageBox::make(std::remove_cvref_t<M>(msg)));
   }
 
  private:
@@ -195,6 +200,8 @@ class ProcMesh {
     auto members = std::make_shared<MeshMembers>();
     members->full = shape_;
     members->cluster = cluster_.state();
+    members->anchors = anchors_;
+    for (size_t rank = 0; rank < procs_.size(); ++rank) members->process_of.push_back(rank);
     for (auto& f : pending) {
       auto info = f.get();
       if (!info) return error(info.error().code(), "mesh: a member did not start: " + info.error().message());
@@ -210,12 +217,13 @@ class ProcMesh {
   Status stop() const;
 
  private:
-  ProcMesh(ClusterClient cluster, Shape shape, std::vector<ActorInfo> procs)
-      : cluster_(std::move(cluster)), shape_(std::move(shape)), procs_(std::move(procs)) {}
+  ProcMesh(ClusterClient cluster, Shape shape, std::vector<ActorInfo> procs, std::vector<AnyRef> anchors)
+      : cluster_(std::move(cluster)), shape_(std::move(shape)), procs_(std::move(procs)), anchors_(std::move(anchors)) {}
 
   ClusterClient cluster_;
   Shape shape_;
   std::vector<ActorInfo> procs_;
+  std::vector<AnyRef> anchors_;
 };
 
 }  // namespace troupe

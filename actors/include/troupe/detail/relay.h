@@ -42,6 +42,9 @@ class Relay : public std::enable_shared_from_this<Relay> {
   /// supervisor that restarted it): what waits goes there now. `first` may
   /// be empty, and the resolver do nothing, for relays retargeted this way.
   void retarget(CellPtr next);
+  /// The incarnation messages go to now; empty while it is being looked
+  /// for (or gone for good).
+  CellPtr current() const;
 
   struct State;
 
@@ -52,5 +55,18 @@ class Relay : public std::enable_shared_from_this<Relay> {
 
 /// A cell that stands for the actor behind `relay`: what ActorRef holds.
 CellPtr spawn_relay(Runtime& rt, std::shared_ptr<Relay> relay, std::string name);
+/// The relay behind a cell, or null for other cells.
+Relay* relay_of(CellControl* cell);
+
+// Messages in encoded form, for runtime code that forwards them without
+// knowing their types (a mesh's tree cast). `context` is any cell of the
+// runtime whose network node encodes and resolves refs.
+
+/// The wire id and bytes of a message (it must be a TROUPE_MESSAGE type).
+Result<std::pair<uint64_t, std::string>> encode_message(CellControl* context, const MessageBox& box);
+/// The cell of actor `id` at `address` (local, or a proxy).
+Result<CellPtr> cell_at(CellControl* context, const std::string& address, uint64_t id);
+/// Rebuilds a message and tells it to `to`.
+Status tell_encoded(CellControl* context, CellControl* to, uint64_t wire_id, std::string_view bytes);
 
 }  // namespace troupe::detail
