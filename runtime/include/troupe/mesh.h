@@ -188,20 +188,40 @@ class ProcMesh {
   /// until all are alive.
   template <class A, class... Args>
   Result<ActorMesh<A>> spawn(ActorOptions options, Args&&... args) const {
-    std::vector<Future<ActorInfo>> pending;
-    for (const ActorInfo& proc : procs_) {
-      ActorOptions o = options;
-      o.colocate_with = proc.id;
-      o.placement_group.clear();
-      o.bundle = -1;
-      o.name.clear();
-      pending.push_back(cluster_.spawn_async<A>(o, args...));
+    return spawn_per_process<A>(1, "", std::move(options), std::forward<Args>(args)...);
+  }
+
+  /// `count` actors of class A in every process: the mesh's shape gets an
+  /// innermost dimension `dim` of that size (64 actors as 8 per process on
+  /// 8 processes: {hosts, procs, dim=8}).
+  template <class A, class... Args>
+  Result<ActorMesh<A>> spawn_per_process(size_t count, const std::string& dim, ActorOptions options,
+                                         Args&&... args) const {
+    Shape shape = shape_;
+    if (count != 1 || !dim.empty()) {
+      std::vector<std::pair<std::string, size_t>> dims;
+      for (size_t d = 0; d < shape_.names().size(); ++d) dims.emplace_back(shape_.names()[d], shape_.sizes()[d]);
+      dims.emplace_back(dim, count);
+      auto extended = Shape::make(std::move(dims));
+      if (!extended) return error(extended.error());
+      shape = std::move(*extended);
     }
+    std::vector<Future<ActorInfo>> pending;
     auto members = std::make_shared<MeshMembers>();
-    members->full = shape_;
+    for (size_t process = 0; process < procs_.size(); ++process) {
+      for (size_t k = 0; k < count; ++k) {
+        ActorOptions o = options;
+        o.colocate_with = procs_[process].id;
+        o.placement_group.clear();
+        o.bundle = -1;
+        o.name.clear();
+        pending.push_back(cluster_.spawn_async<A>(o, args...));
+        members->process_of.push_back(process);
+      }
+    }
+    members->full = shape;
     members->cluster = cluster_.state();
     members->anchors = anchors_;
-    for (size_t rank = 0; rank < procs_.size(); ++rank) members->process_of.push_back(rank);
     for (auto& f : pending) {
       auto info = f.get();
       if (!info) return error(info.error().code(), "mesh: a member did not start: " + info.error().message());
@@ -210,7 +230,7 @@ class ProcMesh {
       members->infos.push_back(*info);
       members->refs.push_back(AnyRef(detail::CellPtr(ref->cell())));
     }
-    return ActorMesh<A>(shape_, std::move(members));
+    return ActorMesh<A>(std::move(shape), std::move(members));
   }
 
   /// Stops the processes (and every actor in them).
