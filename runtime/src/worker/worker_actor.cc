@@ -102,6 +102,7 @@ std::string take_env(const char* name) {
 int run_worker(const std::string& worker_id, const std::string& agent_address, const std::string& listen) {
   RuntimeConfig cfg;
   cfg.listen = listen;
+  if (const char* spin = getenv("TROUPE_WORKER_SPIN_US")) cfg.network_spin = std::chrono::microseconds(std::atoll(spin));
   auto scheme = listen.find("://");
   cfg.transport = scheme == std::string::npos ? "tcp" : listen.substr(0, scheme);
   Runtime rt(cfg);
