@@ -129,6 +129,9 @@ class HeadActor : public Actor<HeadActor, RegisterNode, NodeHeartbeat, CreatePla
   struct ActorWaiter {
     std::function<void(const ActorInfo&, const Status&)> fn;
     std::chrono::steady_clock::time_point deadline;
+    /// At the deadline, an actor still alive (where the asker thought it
+    /// gone) is the answer: its connection may have failed, not it.
+    bool alive_at_deadline_ok = false;
   };
   struct ClusterActor {
     ActorRecord rec;

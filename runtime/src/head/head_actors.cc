@@ -656,7 +656,8 @@ Deferred<ActorInfo> HeadActor::handle(const GetActor& m) {
     a.waiters.push_back(ActorWaiter{[reply](const ActorInfo& info, const Status& s) mutable {
                                       s.ok() ? reply.complete(info) : reply.fail(s);
                                     },
-                                    Clock::now() + std::chrono::milliseconds(m.wait_alive_ms)});
+                                    Clock::now() + std::chrono::milliseconds(m.wait_alive_ms),
+                                    /*alive_at_deadline_ok=*/gone});
   }
   return reply;
 }
@@ -689,6 +690,10 @@ void HeadActor::expire_actor_waiters(Clock::time_point now) {
       }
     }
     for (auto& w : expired) {
+      if (w.alive_at_deadline_ok && a.rec.info.state == "alive") {
+        w.fn(a.rec.info, Status());
+        continue;
+      }
       w.fn(a.rec.info, Status(ErrorCode::timeout, "actor " + id + " is still " + a.rec.info.state +
                                                       (a.rec.info.reason.empty() ? "" : ": " + a.rec.info.reason)));
     }
