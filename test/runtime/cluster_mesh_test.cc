@@ -31,6 +31,14 @@ struct Bump {
 struct Seen {
   TROUPE_MESSAGE_NAMED(Seen, "test.mesh.Seen");
 };
+/// Works `ms` (in the member's process) before it answers with its pid; the
+/// member in process `slow_pid` works `slow_ms` instead.
+struct Work {
+  int ms = 0;
+  int64_t slow_pid = 0;
+  int slow_ms = 0;
+  TROUPE_MESSAGE_NAMED(Work, "test.mesh.Work", ms, slow_pid, slow_ms);
+};
 /// The member in process `pid` fails this call; the others answer.
 struct FailIn {
   int64_t pid = 0;
@@ -38,12 +46,16 @@ struct FailIn {
 };
 
 /// A mesh member: says which process it is in, counts casts it received.
-class Member : public troupe::Actor<Member, WhoIs, Bump, Seen, FailIn> {
+class Member : public troupe::Actor<Member, WhoIs, Bump, Seen, FailIn, Work> {
  public:
   explicit Member(std::string tag) : tag_(std::move(tag)) {}
   std::string handle(const WhoIs&) { return tag_ + ":" + std::to_string(getpid()); }
   void handle(const Bump& m) { seen_ += m.n; }
   int handle(const Seen&) { return seen_; }
+  int64_t handle(const Work& m) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(getpid() == m.slow_pid ? m.slow_ms : m.ms));  // the work
+    return getpid();
+  }
   int handle(const FailIn& m) {
     if (m.pid == getpid()) fail("asked to fail");
     return 1;
@@ -232,4 +244,27 @@ TEST_CASE("meshes: several actors per process: the shape gets a dimension, and a
   auto seen = seen_when_arrived(mesh, want);
   REQUIRE(seen.size() == 16);
   for (size_t i = 0; i < 16; ++i) CHECK(seen[i] == want(i));
+}
+
+TEST_CASE("meshes: stream gives replies as they come; choose spreads asks over the least loaded members",
+          "[cluster][mesh]") {
+  MeshCluster m;
+  auto mesh = m.procs.spawn<Member>({}, "m").value();
+  int64_t slow = pid_of(mesh.member(2).ask(WhoIs{}).get().value());
+  auto stream = mesh.stream(Work{0, slow, 300});
+  std::vector<size_t> order;
+  while (auto reply = stream.next()) {
+    REQUIRE(reply->second.has_value());
+    order.push_back(reply->first);
+  }
+  REQUIRE(order.size() == 8);
+  CHECK(order.back() == 2);  // the slow one comes last
+  CHECK(std::set<size_t>(order.begin(), order.end()).size() == 8);
+
+  // Eight asks at once, each taking a while: one per member.
+  std::vector<troupe::Future<int64_t>> chosen;
+  for (int i = 0; i < 8; ++i) chosen.push_back(mesh.choose(Work{200, 0, 0}));
+  std::set<int64_t> pids;
+  for (auto& f : chosen) pids.insert(f.get().value());
+  CHECK(pids.size() == 8);
 }

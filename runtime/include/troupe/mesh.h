@@ -14,8 +14,13 @@
 // back at their coordinates. See docs/meshes.md.
 #pragma once
 
+#include <atomic>
 #include <chrono>
+#include <condition_variable>
+#include <deque>
 #include <memory>
+#include <mutex>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -59,6 +64,109 @@ class ValueMesh {
   std::vector<Result<R>> values_;
 };
 
+namespace detail {
+
+/// Replies of a stream(), in arrival order: a bounded wait for each.
+template <class R>
+class ReplyQueue {
+ public:
+  explicit ReplyQueue(size_t expected) : left_(expected) {}
+  void push(size_t index, Result<R>&& r) {
+    std::lock_guard<std::mutex> lock(mu_);
+    arrived_.emplace_back(index, std::move(r));
+    cv_.notify_one();
+  }
+  /// The next reply, or nullopt once all came or the deadline passed (the
+  /// caller then reports the missing ones).
+  std::optional<std::pair<size_t, Result<R>>> pop(std::chrono::steady_clock::time_point deadline) {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (left_ == 0) return std::nullopt;
+    if (!cv_.wait_until(lock, deadline, [this] { return !arrived_.empty(); })) return std::nullopt;
+    auto next = std::move(arrived_.front());
+    arrived_.pop_front();
+    --left_;
+    return next;
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::pair<size_t, Result<R>>> arrived_;
+  size_t left_;
+};
+
+/// The reply slot of one member's ask in a stream().
+template <class R>
+class QueuedReply final : public ReplyTo<R> {
+ public:
+  QueuedReply(std::shared_ptr<ReplyQueue<R>> queue, size_t index) : queue_(std::move(queue)), index_(index) {}
+  void complete(Result<R>&& r) override { queue_->push(index_, std::move(r)); }
+
+ private:
+  std::shared_ptr<ReplyQueue<R>> queue_;
+  size_t index_;
+};
+
+/// The reply slot of a choose(): counts the member's asks in flight down,
+/// then completes the caller's future.
+template <class R>
+class CountedReply final : public ReplyTo<R> {
+ public:
+  CountedReply(std::shared_ptr<std::vector<std::atomic<int64_t>>> in_flight, size_t rank, ReplyRef future)
+      : in_flight_(std::move(in_flight)), rank_(rank), future_(std::move(future)) {}
+  void complete(Result<R>&& r) override {
+    (*in_flight_)[rank_].fetch_sub(1, std::memory_order_relaxed);
+    static_cast<ReplyTo<R>*>(future_.get())->complete(std::move(r));
+  }
+
+ private:
+  std::shared_ptr<std::vector<std::atomic<int64_t>>> in_flight_;
+  size_t rank_;
+  ReplyRef future_;
+};
+
+}  // namespace detail
+
+/// The replies of ActorMesh::stream(), as they arrive.
+template <class R>
+class MeshStream {
+ public:
+  MeshStream(Shape shape, std::shared_ptr<detail::ReplyQueue<R>> queue, std::chrono::milliseconds timeout)
+      : shape_(std::move(shape)),
+        queue_(std::move(queue)),
+        deadline_(std::chrono::steady_clock::now() + timeout),
+        pending_(shape_.size(), true),
+        left_(shape_.size()) {}
+
+  const Shape& shape() const { return shape_; }
+  /// The next reply: (view index, value or error), in the order they come;
+  /// after the deadline, each member that has not answered as a timeout;
+  /// nullopt when every member is accounted for.
+  std::optional<std::pair<size_t, Result<R>>> next() {
+    if (left_ == 0) return std::nullopt;
+    if (auto r = queue_->pop(deadline_)) {
+      pending_[r->first] = false;
+      --left_;
+      return r;
+    }
+    for (size_t i = 0; i < pending_.size(); ++i) {
+      if (!pending_[i]) continue;
+      pending_[i] = false;
+      --left_;
+      return std::make_pair(i, Result<R>(error(ErrorCode::timeout, "mesh stream: member " + std::to_string(i) +
+                                                                       " did not answer in time")));
+    }
+    return std::nullopt;
+  }
+
+ private:
+  Shape shape_;
+  std::shared_ptr<detail::ReplyQueue<R>> queue_;
+  std::chrono::steady_clock::time_point deadline_;
+  std::vector<bool> pending_;
+  size_t left_;
+};
+
 /// What ActorMesh members share: their records and refs by global rank.
 struct MeshMembers {
   Shape full;  // the whole mesh
@@ -69,6 +177,8 @@ struct MeshMembers {
   /// process: a cast goes from anchor to anchor down a tree.
   std::vector<AnyRef> anchors;
   std::vector<size_t> process_of;
+  /// Asks in flight per member from choose(), to pick the least loaded.
+  std::shared_ptr<std::vector<std::atomic<int64_t>>> in_flight;
 };
 
 /// Delivered to a mesh's owner (ActorMesh::supervise) when a member fails:
@@ -131,6 +241,44 @@ class ActorMesh {
     values.reserve(size());
     for (auto& f : pending) values.push_back(f.get());
     return ValueMesh<R>(shape_, std::move(values));
+  }
+
+  /// Asks every member and returns their replies as they arrive (each a
+  /// view index and a value or error; members silent past `timeout` come
+  /// last, as timeouts).
+  template <class M>
+  MeshStream<detail::reply_t<A, std::remove_cvref_t<M>>> stream(
+      const M& msg, std::chrono::milliseconds timeout = std::chrono::seconds(30)) const {
+    using V = std::remove_cvref_t<M>;
+    using R = detail::reply_t<A, V>;
+    auto queue = std::make_shared<detail::ReplyQueue<R>>(size());
+    for (size_t i = 0; i < size(); ++i) {
+      detail::ReplyRef reply(new detail::QueuedReply<R>(queue, i));
+      (void)detail::send(members_->refs[shape_.rank(i)].cell(),
+                         detail::Envelope(detail::MessageBox::make(V(msg)), &detail::invoke<A, V>, std::move(reply)));
+    }
+    return MeshStream<R>(shape_, std::move(queue), timeout);
+  }
+
+  /// Asks one member of the view: the one with the fewest of this mesh's
+  /// choose() asks in flight (the first such in view order).
+  template <class M>
+  Future<detail::reply_t<A, std::remove_cvref_t<M>>> choose(
+      const M& msg, std::chrono::milliseconds timeout = std::chrono::seconds(30)) const {
+    using V = std::remove_cvref_t<M>;
+    using R = detail::reply_t<A, V>;
+    auto& load = *members_->in_flight;
+    size_t best = shape_.rank(0);
+    for (size_t i = 1; i < size(); ++i) {
+      size_t r = shape_.rank(i);
+      if (load[r].load(std::memory_order_relaxed) < load[best].load(std::memory_order_relaxed)) best = r;
+    }
+    load[best].fetch_add(1, std::memory_order_relaxed);
+    detail::ReplyRef future(new detail::FutureState<R>());
+    detail::ReplyRef reply(new detail::CountedReply<R>(members_->in_flight, best, future));
+    (void)detail::send(members_->refs[best].cell(),
+                       detail::Envelope(detail::MessageBox::make(V(msg)), &detail::invoke<A, V>, std::move(reply)));
+    return Future<R>(std::move(future), timeout);
   }
 
   /// Makes `owner` (an actor of this process that handles MeshFailure) the
@@ -222,6 +370,7 @@ class ProcMesh {
     members->full = shape;
     members->cluster = cluster_.state();
     members->anchors = anchors_;
+    members->in_flight = std::make_shared<std::vector<std::atomic<int64_t>>>(shape.size());
     for (auto& f : pending) {
       auto info = f.get();
       if (!info) return error(info.error().code(), "mesh: a member did not start: " + info.error().message());
