@@ -268,3 +268,20 @@ TEST_CASE("meshes: stream gives replies as they come; choose spreads asks over t
   for (auto& f : chosen) pids.insert(f.get().value());
   CHECK(pids.size() == 8);
 }
+
+TEST_CASE("meshes: a proc mesh on named nodes puts each process where it is told", "[cluster][mesh]") {
+  LocalCluster local(2);
+  auto shape = troupe::Shape::make({{"procs", 3}}).value();
+  auto procs = troupe::ProcMesh::create_on_nodes(local.cluster, shape, {"a2", "a1", "a2"}).value();
+  CHECK(procs.processes()[0].node == "a2");
+  CHECK(procs.processes()[1].node == "a1");
+  CHECK(procs.processes()[2].node == "a2");
+  auto mesh = procs.spawn<Member>({}, "n").value();
+  auto who = mesh.call(WhoIs{});
+  REQUIRE(who.ok());
+  CHECK(pid_of(*who[0]) != pid_of(*who[2]));  // a process each, even on one node
+  CHECK(mesh.info(1).node == "a1");
+  auto bad = troupe::ProcMesh::create_on_nodes(local.cluster, shape, {"a1"});
+  REQUIRE_FALSE(bad.has_value());
+  CHECK_THAT(bad.error().message(), Catch::Contains("3 processes but 1 nodes"));
+}

@@ -327,6 +327,12 @@ class ProcMesh {
   static Result<ProcMesh> create(const ClusterClient& cluster, Shape shape, const std::string& placement_group,
                                  ProcMeshOptions options = {});
 
+  /// Starts one worker process on each node of `nodes` (node ids, in rank
+  /// order, repeated for several processes on a node); `nodes.size()` must
+  /// equal the shape's size. No resources are reserved for them.
+  static Result<ProcMesh> create_on_nodes(const ClusterClient& cluster, Shape shape,
+                                          const std::vector<std::string>& nodes, ProcMeshOptions options = {});
+
   const Shape& shape() const { return shape_; }
   /// The anchor actors' records (node, worker), by global rank.
   const std::vector<ActorInfo>& processes() const { return procs_; }

@@ -35,6 +35,8 @@ std::string_view to_string(PlacementStrategy strategy);
 using ResourceMap = std::map<std::string, double>;
 /// A node's labels ("rack" -> "r1").
 using Labels = std::map<std::string, std::string>;
+/// The label every node has, its id: "troupe.node=a1" selects node a1.
+inline constexpr const char* kNodeLabel = "troupe.node";
 
 /// One condition on a node's labels.
 struct LabelCondition {

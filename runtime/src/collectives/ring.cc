@@ -9,8 +9,8 @@ namespace {
 
 // The callers are the mesh layer and the transport, which validate user
 // input first: a bad argument here is a bug in troupe, so it aborts.
-[[noreturn]] void contract_broken(const char* where, const char* what, size_t ranks, size_t rank) {
-  std::fprintf(stderr, "troupe: collectives %s: %s (ranks=%zu rank=%zu)\n", where, what, ranks, rank);
+[[noreturn]] void contract_broken(const char* where, const char* what, size_t ranks, size_t got) {
+  std::fprintf(stderr, "troupe: collectives %s: %s (ranks=%zu, got %zu)\n", where, what, ranks, got);
   std::abort();
 }
 

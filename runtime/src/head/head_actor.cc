@@ -138,16 +138,20 @@ Result<Registered> HeadActor::handle(const RegisterNode& m) {
   if (m.node_id.empty()) return error(ErrorCode::invalid_argument, "register: empty node id");
   auto it = nodes_.find(m.node_id);
   bool known_alive = it != nodes_.end() && it->second.info.state == "alive" && it->second.info.total == m.resources;
+  // Every node carries its id as a label, so that a selector can name it
+  // ("troupe.node=a1": a process of a mesh on that node).
+  Labels labels = m.labels;
+  labels.emplace(kNodeLabel, m.node_id);
   Node& n = nodes_[m.node_id];
   if (!known_alive) {
     // New, dead before, or changed: its resources start free (whatever it
     // held was rescheduled when it died).
-    n.index = ledger_.add_node(m.node_id, m.resources, m.labels);
+    n.index = ledger_.add_node(m.node_id, m.resources, labels);
   }
   n.info.id = m.node_id;
   n.info.address = m.address;
   n.info.total = m.resources;
-  n.info.labels = m.labels;
+  n.info.labels = labels;
   n.info.state = "alive";
   n.info.connected = true;
   n.last_heard = Clock::now();

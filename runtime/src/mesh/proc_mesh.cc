@@ -84,24 +84,15 @@ std::optional<cluster::Location> current_location(Runtime& rt, const AnyRef& fol
 
 }  // namespace
 
-Result<ProcMesh> ProcMesh::create(const ClusterClient& cluster, Shape shape, const std::string& placement_group,
-                                  ProcMeshOptions options) {
-  auto group = cluster.wait_placement_group(placement_group, options.timeout);
-  if (!group) return error(group.error().code(), "proc mesh: " + group.error().message());
-  if (group->spec.bundles.size() != shape.size()) {
-    return error(ErrorCode::invalid_argument,
-                 "proc mesh: shape " + shape.to_string() + " has " + std::to_string(shape.size()) +
-                     " processes but placement group " + placement_group + " has " +
-                     std::to_string(group->spec.bundles.size()) + " bundles (one process per bundle)");
-  }
+namespace {
+
+/// Starts the anchors (one per rank, with these options) and waits for all;
+/// on a failure stops those that started.
+Result<std::pair<std::vector<ActorInfo>, std::vector<AnyRef>>> start_anchors(const ClusterClient& cluster,
+                                                                             const std::vector<ActorOptions>& ranks) {
   std::vector<Future<ActorInfo>> pending;
-  for (size_t rank = 0; rank < shape.size(); ++rank) {
-    ActorOptions o;
-    o.placement_group = placement_group;
-    o.bundle = static_cast<int>(rank);
-    o.max_restarts = options.max_restarts;
-    o.dedicated_process = true;
-    pending.push_back(cluster.spawn_async<ProcAnchor>(o, static_cast<uint64_t>(rank)));
+  for (size_t rank = 0; rank < ranks.size(); ++rank) {
+    pending.push_back(cluster.spawn_async<ProcAnchor>(ranks[rank], static_cast<uint64_t>(rank)));
   }
   std::vector<ActorInfo> procs;
   std::vector<AnyRef> anchors;
@@ -120,7 +111,49 @@ Result<ProcMesh> ProcMesh::create(const ClusterClient& cluster, Shape shape, con
     for (auto& p : procs) (void)cluster.kill_actor(p.id);
     return error(failed);
   }
-  return ProcMesh(cluster, std::move(shape), std::move(procs), std::move(anchors));
+  return std::make_pair(std::move(procs), std::move(anchors));
+}
+
+}  // namespace
+
+Result<ProcMesh> ProcMesh::create(const ClusterClient& cluster, Shape shape, const std::string& placement_group,
+                                  ProcMeshOptions options) {
+  auto group = cluster.wait_placement_group(placement_group, options.timeout);
+  if (!group) return error(group.error().code(), "proc mesh: " + group.error().message());
+  if (group->spec.bundles.size() != shape.size()) {
+    return error(ErrorCode::invalid_argument,
+                 "proc mesh: shape " + shape.to_string() + " has " + std::to_string(shape.size()) +
+                     " processes but placement group " + placement_group + " has " +
+                     std::to_string(group->spec.bundles.size()) + " bundles (one process per bundle)");
+  }
+  std::vector<ActorOptions> ranks(shape.size());
+  for (size_t rank = 0; rank < ranks.size(); ++rank) {
+    ranks[rank].placement_group = placement_group;
+    ranks[rank].bundle = static_cast<int>(rank);
+    ranks[rank].max_restarts = options.max_restarts;
+    ranks[rank].dedicated_process = true;
+  }
+  auto started = start_anchors(cluster, ranks);
+  if (!started) return error(started.error());
+  return ProcMesh(cluster, std::move(shape), std::move(started->first), std::move(started->second));
+}
+
+Result<ProcMesh> ProcMesh::create_on_nodes(const ClusterClient& cluster, Shape shape,
+                                           const std::vector<std::string>& nodes, ProcMeshOptions options) {
+  if (nodes.size() != shape.size()) {
+    return error(ErrorCode::invalid_argument, "proc mesh: shape " + shape.to_string() + " has " +
+                                                  std::to_string(shape.size()) + " processes but " +
+                                                  std::to_string(nodes.size()) + " nodes were given (one per process)");
+  }
+  std::vector<ActorOptions> ranks(shape.size());
+  for (size_t rank = 0; rank < ranks.size(); ++rank) {
+    ranks[rank].label_selector = {LabelCondition{kNodeLabel, {nodes[rank]}, false}};
+    ranks[rank].max_restarts = options.max_restarts;
+    ranks[rank].dedicated_process = true;
+  }
+  auto started = start_anchors(cluster, ranks);
+  if (!started) return error(started.error());
+  return ProcMesh(cluster, std::move(shape), std::move(started->first), std::move(started->second));
 }
 
 Status detail::mesh_cast(const MeshMembers& members, const Shape& view, MessageBox box) {
