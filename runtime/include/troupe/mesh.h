@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "troupe/cluster.h"
+#include "troupe/collective_group.h"
 #include "troupe/mesh_shape.h"
 
 namespace troupe {
@@ -195,6 +196,9 @@ struct MeshFailure {
 
 namespace detail {
 Status supervise_mesh(const MeshMembers& members, const AnyRef& owner);
+/// Makes a collective group of the view's members (see make_group).
+Result<std::vector<CollectiveGroup>> make_group(const MeshMembers& members, const Shape& view,
+                                                std::chrono::milliseconds timeout);
 /// A cast to the members of `view`: down a tree of the processes' anchors.
 Status mesh_cast(const MeshMembers& members, const Shape& view, MessageBox box);
 }  // namespace detail
@@ -279,6 +283,15 @@ class ActorMesh {
     (void)detail::send(members_->refs[best].cell(),
                        detail::Envelope(detail::MessageBox::make(V(msg)), &detail::invoke<A, V>, std::move(reply)));
     return Future<R>(std::move(future), timeout);
+  }
+
+  /// Makes a collective group of the view's members: rank i is the member
+  /// at view index i. Returns each member's handle, in view order, to send
+  /// to it (a CollectiveGroup is encodable: put it in one of your
+  /// messages). `timeout` bounds each collective of the group. Fails when a
+  /// member's process is between incarnations (try again once it is back).
+  Result<std::vector<CollectiveGroup>> make_group(std::chrono::milliseconds timeout = std::chrono::seconds(30)) const {
+    return detail::make_group(*members_, shape_, timeout);
   }
 
   /// Makes `owner` (an actor of this process that handles MeshFailure) the

@@ -3,9 +3,11 @@
 // are colocated with.
 #include <unistd.h>
 
+#include <atomic>
 #include <map>
 #include <optional>
 
+#include "mesh/proc_anchor.h"
 #include "troupe/mesh.h"
 #include "troupe/detail/relay.h"
 #include "troupe/message.h"
@@ -13,64 +15,25 @@
 
 namespace troupe {
 
-namespace {
+using mesh::CastGroup;
+using mesh::fan_out;
+using mesh::MeshCast;
+using mesh::ProcAnchor;
 
-struct AnchorPid {
-  TROUPE_MESSAGE_NAMED(AnchorPid, "troupe.mesh.AnchorPid");
-};
-
-/// The members of one process that a cast is for.
-struct CastGroup {
-  cluster::Location anchor;
-  std::vector<cluster::Location> members;
-  TROUPE_FIELDS(anchor, members);
-};
-/// A cast on its way down the tree: groups[0] is the receiver's own; it
-/// forwards the rest, split among a few others, each of which does the same.
-struct MeshCast {
-  uint64_t wire_id = 0;
-  std::string bytes;
-  std::vector<CastGroup> groups;
-  TROUPE_MESSAGE_NAMED(MeshCast, "troupe.mesh.Cast", wire_id, bytes, groups);
-};
-
-/// How many others each hop sends to: depth log4(n) for n processes.
-constexpr size_t kCastFanout = 4;
-
-/// Splits `groups[from..]` into up to kCastFanout contiguous subtrees and
-/// hands each to `send(subtree)`, whose first group is the subtree's root.
-template <class Send>
-void fan_out(const std::vector<CastGroup>& groups, size_t from, Send&& send) {
-  size_t n = groups.size() - from;
-  size_t parts = std::min(n, kCastFanout);
-  for (size_t k = 0; k < parts; ++k) {
-    size_t begin = from + k * n / parts, end = from + (k + 1) * n / parts;
-    send(std::vector<CastGroup>(groups.begin() + static_cast<std::ptrdiff_t>(begin),
-                                groups.begin() + static_cast<std::ptrdiff_t>(end)));
+void mesh::ProcAnchor::handle(const MeshCast& m) {
+  if (m.groups.empty()) return;
+  detail::CellControl* me = self().cell();
+  for (const cluster::Location& member : m.groups[0].members) {
+    auto cell = detail::cell_at(me, member.address, member.id);
+    if (cell) (void)detail::tell_encoded(me, cell->get(), m.wire_id, m.bytes);
   }
+  fan_out(m.groups, 1, [&](std::vector<CastGroup> subtree) {
+    auto next = detail::cell_at(me, subtree[0].anchor.address, subtree[0].anchor.id);
+    if (next) (void)AnyRef(std::move(*next)).tell(MeshCast{m.wire_id, m.bytes, std::move(subtree)});
+  });
 }
 
-/// Holds a mesh process: the head keeps it (and restarts it), the mesh's
-/// actors go where it is, and casts pass through it.
-class ProcAnchor final : public Actor<ProcAnchor, AnchorPid, MeshCast> {
- public:
-  /// `rank`: its place in the mesh, shown in the actor table.
-  explicit ProcAnchor(uint64_t rank) { (void)rank; }
-  int64_t handle(const AnchorPid&) { return getpid(); }
-
-  void handle(const MeshCast& m) {
-    if (m.groups.empty()) return;
-    detail::CellControl* me = self().cell();
-    for (const cluster::Location& member : m.groups[0].members) {
-      auto cell = detail::cell_at(me, member.address, member.id);
-      if (cell) (void)detail::tell_encoded(me, cell->get(), m.wire_id, m.bytes);
-    }
-    fan_out(m.groups, 1, [&](std::vector<CastGroup> subtree) {
-      auto next = detail::cell_at(me, subtree[0].anchor.address, subtree[0].anchor.id);
-      if (next) (void)AnyRef(std::move(*next)).tell(MeshCast{m.wire_id, m.bytes, std::move(subtree)});
-    });
-  }
-};
+namespace {
 
 /// Where the incarnation behind a ref that follows an actor is now.
 std::optional<cluster::Location> current_location(Runtime& rt, const AnyRef& followed) {
@@ -199,6 +162,38 @@ Status detail::mesh_cast(const MeshMembers& members, const Shape& view, MessageB
     if (!s.ok() && first.ok()) first = s;
   });
   return first;
+}
+
+Result<std::vector<CollectiveGroup>> detail::make_group(const MeshMembers& members, const Shape& view,
+                                                        std::chrono::milliseconds timeout) {
+  static std::atomic<uint64_t> counter{0};
+  Runtime& rt = *members.cluster->rt;
+  CollectiveGroup spec;
+  spec.id = "group-" + std::to_string(getpid()) + "-" + std::to_string(++counter) + "-" +
+            std::to_string(std::chrono::steady_clock::now().time_since_epoch().count());
+  spec.size = static_cast<uint32_t>(view.size());
+  spec.timeout_ms = timeout.count();
+  for (size_t i = 0; i < view.size(); ++i) {
+    size_t process = members.process_of[view.rank(i)];
+    auto at = current_location(rt, members.anchors[process]);
+    if (!at) {
+      return error(ErrorCode::actor_dead, "collectives: the process of member " + std::to_string(i) +
+                                              " is between incarnations; make the group once it is back");
+    }
+    spec.engines.push_back(EngineAt{at->address, at->id});
+  }
+  std::vector<CollectiveGroup> handles;
+  std::vector<Future<void>> joined;
+  for (size_t i = 0; i < view.size(); ++i) {
+    CollectiveGroup h = spec;
+    h.rank = static_cast<uint32_t>(i);
+    joined.push_back(members.anchors[members.process_of[view.rank(i)]].ask<void>(mesh::JoinGroup{h}, timeout));
+    handles.push_back(std::move(h));
+  }
+  for (auto& f : joined) {
+    if (auto r = f.get(); !r) return error(r.error().code(), "collectives: " + r.error().message());
+  }
+  return handles;
 }
 
 Status ProcMesh::stop() const {

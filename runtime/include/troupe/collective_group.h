@@ -1,0 +1,69 @@
+// Collectives inside a mesh's actors: a group is made by the driver
+// (ActorMesh::make_group), each member gets its handle, and calls the
+// collective from its handlers without blocking:
+//
+//   // in a member actor, with group_ the CollectiveGroup it was sent:
+//   ask<void>(group_.engine(self()), troupe::AllReduce{group_.id, grads_.data(), grads_.size(),
+//                                                      troupe::DType::float32, troupe::ReduceOp::avg})
+//       .then([this](troupe::Result<void> r) { ... });
+//
+// Every member of the group must call the same collectives in the same
+// order. The work is done by the engine of each member's process, which
+// exchanges the data with the other processes' engines along a ring. A
+// collective that cannot complete (a member's process died, the deadline
+// passed) fails on every surviving member within a bounded time, never
+// hangs; the group is then broken: make a new one once the mesh is whole.
+// See docs/meshes.md.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "troupe/actor_ref.h"
+#include "troupe/codec.h"
+#include "troupe/collectives.h"
+
+namespace troupe {
+
+/// Where a process's collective engine is (Runtime::ref_at).
+struct EngineAt {
+  std::string address;
+  uint64_t id = 0;
+  TROUPE_FIELDS(address, id);
+};
+
+/// A member's handle on a collective group: the group, its rank in it (the
+/// member's index in the mesh view the group was made from), and where
+/// every rank's engine is.
+struct CollectiveGroup {
+  std::string id;
+  uint32_t rank = 0;
+  uint32_t size = 0;
+  std::vector<EngineAt> engines;
+  /// How long a collective may take before it fails on every rank.
+  int64_t timeout_ms = 30'000;
+  TROUPE_FIELDS(id, rank, size, engines, timeout_ms);
+
+  /// The engine of the calling actor's process (`self`: the caller's own
+  /// ref, from which its runtime is found); empty when unknown.
+  AnyRef engine(const AnyRef& self) const;
+};
+
+/// Asks the local engine to reduce `count` elements at `data` across the
+/// group, in place, with `op`: every rank ends with the same result. The
+/// memory must stay valid, and untouched by the caller, until the answer.
+/// Answered once done on this rank, or with why not.
+struct AllReduce {
+  std::string group;
+  uint32_t rank = 0;
+  void* data = nullptr;
+  size_t count = 0;
+  DType dtype = DType::float32;
+  ReduceOp op = ReduceOp::sum;
+};
+
+}  // namespace troupe

@@ -1,0 +1,198 @@
+// The collective engine of a mesh process (ProcAnchor's collective
+// handlers): ring allreduce between the processes' engines, the schedule
+// from collectives/ring.h, the arithmetic from collectives/reduce.h. Each
+// chunk travels as a message to the next rank's engine; C chunk steps are in
+// flight at once (the schedule says when a send may read what was received).
+// A dead peer engine, or the group's deadline, fails every collective in
+// progress on the surviving ranks, and breaks the group.
+#include <cstring>
+
+#include "collectives/reduce.h"
+#include "log.h"
+#include "mesh/proc_anchor.h"
+
+namespace troupe {
+
+AnyRef CollectiveGroup::engine(const AnyRef& self) const {
+  if (!self || rank >= engines.size()) return {};
+  auto cell = detail::cell_at(self.cell(), engines[rank].address, engines[rank].id);
+  return cell ? AnyRef(std::move(*cell)) : AnyRef();
+}
+
+namespace mesh {
+
+namespace {
+/// Largest chunk a ring step sends: big enough to amortise a message, small
+/// enough that several are in flight and a heartbeat is never held up long.
+constexpr size_t kChunkBytes = size_t{1} << 20;
+}  // namespace
+
+Result<void> ProcAnchor::handle(const JoinGroup& m) {
+  const CollectiveGroup& spec = m.group;
+  if (spec.size == 0 || spec.rank >= spec.size || spec.engines.size() != spec.size) {
+    return error(ErrorCode::invalid_argument, "collectives: group " + spec.id + " is malformed (rank " +
+                                                  std::to_string(spec.rank) + " of " + std::to_string(spec.size) +
+                                                  ", " + std::to_string(spec.engines.size()) + " engines)");
+  }
+  Group& g = groups_[spec.id];
+  if (g.engines.empty()) {
+    g.spec = spec;
+    detail::CellControl* me = self().cell();
+    for (uint32_t r = 0; r < spec.size; ++r) {
+      auto cell = detail::cell_at(me, spec.engines[r].address, spec.engines[r].id);
+      if (!cell) {
+        groups_.erase(spec.id);
+        return error(cell.error().code(), "collectives: rank " + std::to_string(r) + "'s engine: " +
+                                              cell.error().message());
+      }
+      g.engines.emplace_back(std::move(*cell));
+    }
+    // A peer process that goes makes every collective of the group fail at
+    // once rather than wait for data that will never come.
+    std::set<uint64_t> watched;
+    for (uint32_t r = 0; r < spec.size; ++r) {
+      if (g.engines[r] == self() || !watched.insert(g.engines[r].id()).second) continue;
+      std::string id = spec.id;
+      std::string where = spec.engines[r].address;
+      g.monitors.push_back(monitor(g.engines[r], [this, id, r, where](const Down& d) {
+        break_group(id, Status(ErrorCode::peer_lost, "collectives: rank " + std::to_string(r) + "'s process (" +
+                                                         where + ") is gone: " + d.reason.to_string()));
+      }));
+    }
+  }
+  g.ranks[spec.rank];  // this process hosts that rank
+  return {};
+}
+
+Deferred<void> ProcAnchor::handle(const AllReduce& m) {
+  auto reply = defer<void>();
+  auto it = groups_.find(m.group);
+  if (it == groups_.end()) {
+    reply.fail(Status(ErrorCode::not_found, "allreduce: group " + m.group + " is unknown in this process"));
+    return reply;
+  }
+  Group& g = it->second;
+  if (!g.broken.ok()) {
+    reply.fail(g.broken);
+    return reply;
+  }
+  auto lr = g.ranks.find(m.rank);
+  if (lr == g.ranks.end()) {
+    reply.fail(Status(ErrorCode::invalid_argument, "allreduce: rank " + std::to_string(m.rank) + " of group " +
+                                                       m.group + " is not in this process"));
+    return reply;
+  }
+  if (m.count > 0 && m.data == nullptr) {
+    reply.fail(Status(ErrorCode::invalid_argument, "allreduce: no data"));
+    return reply;
+  }
+  uint64_t seq = lr->second.next_seq++;
+  Op& op = lr->second.ops[seq];
+  op.schedule = collectives::ring_allreduce_schedule(g.spec.size, m.rank, m.count,
+                                                     std::max<size_t>(1, kChunkBytes / dtype_size(m.dtype)));
+  op.data = static_cast<std::byte*>(m.data);
+  op.count = m.count;
+  op.dtype = m.dtype;
+  op.op = m.op;
+  op.reply = reply;
+  // Bounded: past the group's deadline the collective fails on this rank,
+  // and the group is broken (the other ranks fail too: they wait on it).
+  std::string id = m.group;
+  uint32_t rank = m.rank;
+  after(std::chrono::milliseconds(g.spec.timeout_ms), [this, id, rank, seq] {
+    auto gi = groups_.find(id);
+    if (gi == groups_.end()) return;
+    auto li = gi->second.ranks.find(rank);
+    if (li == gi->second.ranks.end() || !li->second.ops.count(seq)) return;
+    break_group(id, Status(ErrorCode::timeout, "collectives: an allreduce of group " + id + " did not complete within " +
+                                                   std::to_string(gi->second.spec.timeout_ms) + " ms"));
+  });
+  pump(g, rank, seq);
+  return reply;
+}
+
+void ProcAnchor::apply(Op& op, size_t step, const std::string& bytes) {
+  const collectives::RingStep& s = op.schedule.steps[step];
+  size_t width = dtype_size(op.dtype);
+  std::byte* at = op.data + s.recv.offset_elems * width;
+  size_t n = std::min(s.recv.len_elems, bytes.size() / width);
+  if (s.recv_mode == collectives::RecvMode::reduce) {
+    collectives::reduce_into(op.dtype, op.op, at, reinterpret_cast<const std::byte*>(bytes.data()), n);
+  } else {
+    std::memcpy(at, bytes.data(), n * width);
+  }
+}
+
+void ProcAnchor::pump(Group& g, uint32_t rank, uint64_t seq) {
+  LocalRank& lr = g.ranks[rank];
+  auto it = lr.ops.find(seq);
+  if (it == lr.ops.end()) return;
+  Op& op = it->second;
+  const auto& steps = op.schedule.steps;
+  size_t width = dtype_size(op.dtype);
+  for (;;) {
+    // Data that came before this rank called (or before its turn).
+    auto early = lr.early.find({seq, op.next_recv});
+    if (op.next_recv < steps.size() && op.next_recv < op.next_send && early != lr.early.end()) {
+      apply(op, op.next_recv, early->second);
+      lr.early.erase(early);
+      ++op.next_recv;
+      continue;
+    }
+    // A send may read what was received C steps before it.
+    if (op.next_send < steps.size() && op.next_send < op.next_recv + op.schedule.chunks_per_step) {
+      const collectives::RingStep& s = steps[op.next_send];
+      RingChunk chunk{g.spec.id, static_cast<uint32_t>(op.schedule.send_to), seq, op.next_send,
+                      std::string(reinterpret_cast<const char*>(op.data + s.send.offset_elems * width),
+                                  s.send.len_elems * width)};
+      (void)g.engines[op.schedule.send_to].tell(std::move(chunk));
+      ++op.next_send;
+      continue;
+    }
+    break;
+  }
+  if (op.next_recv == steps.size() && op.next_send == steps.size()) {
+    if (op.op == ReduceOp::avg) collectives::finish_avg(op.dtype, op.data, op.count, g.spec.size);
+    Deferred<void> reply = op.reply;
+    lr.ops.erase(it);
+    reply.complete();
+  }
+}
+
+void ProcAnchor::handle(const RingChunk& m) {
+  auto it = groups_.find(m.group);
+  if (it == groups_.end() || !it->second.broken.ok()) return;
+  Group& g = it->second;
+  auto lr = g.ranks.find(m.to_rank);
+  if (lr == g.ranks.end()) return;
+  auto op = lr->second.ops.find(m.seq);
+  if (op == lr->second.ops.end() || op->second.next_recv != m.step || op->second.next_recv >= op->second.next_send) {
+    // Before this rank called, or ahead of its turn: kept until then.
+    lr->second.early[{m.seq, m.step}] = m.bytes;
+    if (op != lr->second.ops.end()) pump(g, m.to_rank, m.seq);
+    return;
+  }
+  apply(op->second, m.step, m.bytes);
+  ++op->second.next_recv;
+  pump(g, m.to_rank, m.seq);
+}
+
+void ProcAnchor::break_group(const std::string& id, Status why) {
+  auto it = groups_.find(id);
+  if (it == groups_.end() || !it->second.broken.ok()) return;
+  Group& g = it->second;
+  g.broken = why;
+  TROUPE_LOG(warn, "event=collective_group_broken group={} reason=\"{}\"", id, why.message());
+  std::vector<Deferred<void>> failed;
+  for (auto& [rank, lr] : g.ranks) {
+    for (auto& [seq, op] : lr.ops) failed.push_back(op.reply);
+    lr.ops.clear();
+    lr.early.clear();
+  }
+  for (MonitorId m : g.monitors) demonitor(m);
+  g.monitors.clear();
+  for (auto& reply : failed) reply.fail(why);
+}
+
+}  // namespace mesh
+}  // namespace troupe

@@ -1,0 +1,122 @@
+// The actor that holds each process of a ProcMesh: the head keeps it (and
+// restarts it), the mesh's actors are colocated with it, casts pass through
+// it down a tree, and it is the process's collective engine
+// (collective_engine.cc).
+#pragma once
+
+#include <unistd.h>
+
+#include <chrono>
+#include <deque>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "cluster/protocol.h"
+#include "collectives/ring.h"
+#include "troupe/actor.h"
+#include "troupe/collective_group.h"
+#include "troupe/detail/relay.h"
+#include "troupe/message.h"
+
+namespace troupe::mesh {
+
+struct AnchorPid {
+  TROUPE_MESSAGE_NAMED(AnchorPid, "troupe.mesh.AnchorPid");
+};
+
+/// The members of one process that a cast is for.
+struct CastGroup {
+  cluster::Location anchor;
+  std::vector<cluster::Location> members;
+  TROUPE_FIELDS(anchor, members);
+};
+/// A cast on its way down the tree: groups[0] is the receiver's own; it
+/// forwards the rest, split among a few others, each of which does the same.
+struct MeshCast {
+  uint64_t wire_id = 0;
+  std::string bytes;
+  std::vector<CastGroup> groups;
+  TROUPE_MESSAGE_NAMED(MeshCast, "troupe.mesh.Cast", wire_id, bytes, groups);
+};
+
+/// How many others each hop sends to: depth log4(n) for n processes.
+constexpr size_t kCastFanout = 4;
+
+/// Splits `groups[from..]` into up to kCastFanout contiguous subtrees and
+/// hands each to `send(subtree)`, whose first group is the subtree's root.
+template <class Send>
+void fan_out(const std::vector<CastGroup>& groups, size_t from, Send&& send) {
+  size_t n = groups.size() - from;
+  size_t parts = std::min(n, kCastFanout);
+  for (size_t k = 0; k < parts; ++k) {
+    size_t begin = from + k * n / parts, end = from + (k + 1) * n / parts;
+    send(std::vector<CastGroup>(groups.begin() + static_cast<std::ptrdiff_t>(begin),
+                                groups.begin() + static_cast<std::ptrdiff_t>(end)));
+  }
+}
+
+/// Driver -> engine: rank `group.rank` of this process joins the group.
+struct JoinGroup {
+  CollectiveGroup group;
+  TROUPE_MESSAGE_NAMED(JoinGroup, "troupe.mesh.JoinGroup", group);
+};
+/// Engine -> engine: a ring step's data for rank `to_rank`.
+struct RingChunk {
+  std::string group;
+  uint32_t to_rank = 0;
+  uint64_t seq = 0;
+  uint64_t step = 0;
+  std::string bytes;
+  TROUPE_MESSAGE_NAMED(RingChunk, "troupe.mesh.RingChunk", group, to_rank, seq, step, bytes);
+};
+
+class ProcAnchor final : public Actor<ProcAnchor, AnchorPid, MeshCast, JoinGroup, AllReduce, RingChunk> {
+ public:
+  /// `rank`: its place in the mesh, shown in the actor table.
+  explicit ProcAnchor(uint64_t rank) { (void)rank; }
+  int64_t handle(const AnchorPid&) { return getpid(); }
+  void handle(const MeshCast& m);
+
+  // Collectives (collective_engine.cc).
+  Result<void> handle(const JoinGroup& m);
+  Deferred<void> handle(const AllReduce& m);
+  void handle(const RingChunk& m);
+
+ private:
+  /// One collective in progress for one local rank.
+  struct Op {
+    collectives::RingSchedule schedule;
+    std::byte* data = nullptr;
+    size_t count = 0;
+    DType dtype = DType::float32;
+    ReduceOp op = ReduceOp::sum;
+    size_t next_send = 0;  // steps sent so far
+    size_t next_recv = 0;  // steps received and applied so far
+    Deferred<void> reply;
+  };
+  struct LocalRank {
+    uint64_t next_seq = 0;               // the next collective this rank calls
+    std::map<uint64_t, Op> ops;          // by sequence number
+    std::map<std::pair<uint64_t, uint64_t>, std::string> early;  // (seq, step) -> data before the call
+  };
+  struct Group {
+    CollectiveGroup spec;
+    std::vector<AnyRef> engines;  // by rank
+    std::map<uint32_t, LocalRank> ranks;  // the ranks in this process
+    Status broken;                // set once a collective cannot complete
+    std::vector<MonitorId> monitors;
+  };
+
+  /// Sends what the pipeline allows, applies chunks that came early, and
+  /// answers when done.
+  void pump(Group& g, uint32_t rank, uint64_t seq);
+  void apply(Op& op, size_t step, const std::string& bytes);
+  /// Fails every collective in progress in the group, for good.
+  void break_group(const std::string& id, Status why);
+
+  std::map<std::string, Group> groups_;
+};
+
+}  // namespace troupe::mesh
