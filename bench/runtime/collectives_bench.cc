@@ -1,0 +1,154 @@
+// CPU allreduce inside an actor mesh, across real processes: a head and 2
+// node agents started with the `troupe` command line, meshes of 4 and 8
+// worker processes (this executable, started by the agents), float32 sum of
+// 1 MiB to 256 MiB. Reported as nccl-tests does: bus bandwidth = algorithm
+// bandwidth (bytes / time) x 2(n-1)/n, against the machine's memcpy
+// bandwidth measured in the same run. BENCH_TRANSPORT=ucx runs the cluster
+// over UCX (shared memory between processes here) instead of TCP.
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "../common/report.h"
+#include "support/daemon.h"
+#include "troupe/collective_group.h"
+#include "troupe/mesh.h"
+#include "troupe/worker.h"
+
+using troupe::bench::emit;
+using troupe::bench::quantile;
+using troupe::test::Daemon;
+using Clock = std::chrono::steady_clock;
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr const char* kToken = "collectives-bench-token";
+
+struct SetGroup {
+  troupe::CollectiveGroup group;
+  TROUPE_MESSAGE_NAMED(SetGroup, "bench.coll.SetGroup", group);
+};
+struct Run {
+  uint64_t count = 0;
+  TROUPE_MESSAGE_NAMED(Run, "bench.coll.Run", count);
+};
+
+/// A member: keeps a buffer of the size asked for and allreduces it.
+class Reducer : public troupe::Actor<Reducer, SetGroup, Run> {
+ public:
+  void handle(const SetGroup& m) { group_ = m.group; }
+  troupe::Deferred<void> handle(const Run& m) {
+    auto reply = defer<void>();
+    if (buf_.size() != m.count) buf_.assign(m.count, 1.0f);
+    ask<void>(group_.engine(self()),
+              troupe::AllReduce{group_.id, group_.rank, buf_.data(), buf_.size(), troupe::DType::float32,
+                                troupe::ReduceOp::sum},
+              std::chrono::minutes(5))
+        .then([reply](troupe::Result<void> r) mutable { r ? reply.complete() : reply.fail(r.error()); });
+    return reply;
+  }
+
+ private:
+  troupe::CollectiveGroup group_;
+  std::vector<float> buf_;
+};
+
+/// memcpy bandwidth of this machine, bytes/s (best of a few copies of 256 MiB).
+double memcpy_bandwidth() {
+  const size_t bytes = size_t{256} << 20;
+  std::vector<char> a(bytes, 1), b(bytes, 2);
+  double best = 0;
+  for (int i = 0; i < 5; ++i) {
+    auto t0 = Clock::now();
+    std::memcpy(b.data(), a.data(), bytes);
+    double s = std::chrono::duration<double>(Clock::now() - t0).count();
+    best = std::max(best, bytes / s);
+    a[static_cast<size_t>(i)] = b[bytes - 1 - static_cast<size_t>(i)];  // keep the copies observable
+  }
+  return best;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  troupe::serve_if_worker();  // the agents start this executable as the mesh's processes
+  bool quick = troupe::bench::quick(argc, argv);
+  const char* transport_env = std::getenv("BENCH_TRANSPORT");
+  std::string transport = transport_env ? transport_env : "tcp";
+  fs::path home = fs::temp_directory_path() / ("troupe-coll-bench-" + std::to_string(getpid()));
+  auto cleanup = [&] {
+    std::error_code ec;
+    fs::remove_all(home, ec);
+  };
+  auto fail = [&](const std::string& why) {
+    std::fprintf(stderr, "collectives_bench: %s\n", why.c_str());
+    cleanup();
+    return 1;
+  };
+  double memcpy_bps = memcpy_bandwidth();
+  auto head = std::make_unique<Daemon>(TROUPE_CLI, home, kToken,
+                                       std::vector<std::string>{"start", "--head", "--port", "0", "--transport",
+                                                                transport, "--data-dir", (home / "head").string()});
+  if (!head->ok()) return fail("head: " + head->said());
+  std::vector<std::unique_ptr<Daemon>> agents;
+  for (int i = 0; i < 2; ++i) {
+    agents.push_back(std::make_unique<Daemon>(
+        TROUPE_CLI, home, kToken,
+        std::vector<std::string>{"start", "--address", head->address(), "--node-id", "a" + std::to_string(i), "--cpus",
+                                 "8"}));
+    if (!agents.back()->ok()) return fail("agent: " + agents.back()->said());
+  }
+  troupe::RuntimeConfig cfg;
+  cfg.cluster_token = kToken;
+  cfg.log_level = "error";
+  cfg.transport = transport;
+  cfg.listen = transport + "://127.0.0.1:0";
+  troupe::Runtime rt(cfg);
+  auto cluster = troupe::ClusterClient::connect(rt, head->address());
+  if (!cluster) return fail(cluster.error().to_string());
+
+  std::vector<size_t> sizes_mib = quick ? std::vector<size_t>{1, 16} : std::vector<size_t>{1, 4, 16, 64, 256};
+  for (size_t n : {size_t{4}, size_t{8}}) {
+    troupe::PlacementGroupSpec spec;
+    spec.strategy = troupe::PlacementStrategy::spread;
+    spec.bundles.assign(n, troupe::Bundle{{{"CPU", 1}}});
+    auto pg = cluster->create_placement_group(spec);
+    if (!pg) return fail(pg.error().to_string());
+    auto procs = troupe::ProcMesh::create(*cluster, troupe::Shape::make({{"procs", n}}).value(), *pg);
+    if (!procs) return fail(procs.error().to_string());
+    auto mesh = procs->spawn<Reducer>({});
+    if (!mesh) return fail(mesh.error().to_string());
+    auto groups = mesh->make_group(std::chrono::minutes(5));
+    if (!groups) return fail(groups.error().to_string());
+    for (size_t i = 0; i < n; ++i) (void)mesh->member(i).ask(SetGroup{(*groups)[i]}).get();
+    for (size_t mib : sizes_mib) {
+      size_t bytes = mib << 20;
+      int iters = mib >= 64 ? 3 : quick ? 3 : 10;
+      (void)mesh->call(Run{bytes / 4}, std::chrono::minutes(5));  // warm-up: buffers allocated, pages touched
+      std::vector<double> secs;
+      for (int i = 0; i < iters; ++i) {
+        auto t0 = Clock::now();
+        auto r = mesh->call(Run{bytes / 4}, std::chrono::minutes(5));
+        if (!r.ok()) return fail("allreduce failed: " + r.errors()[0].second.to_string());
+        secs.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+      }
+      double t = quantile(secs, 0.5);
+      double busbw = bytes / t * 2.0 * static_cast<double>(n - 1) / static_cast<double>(n);
+      std::string metric = "busbw_" + std::to_string(mib) + "MiB_n" + std::to_string(n) + "_" + transport;
+      emit("collectives.allreduce_cpu", metric, busbw / 1e9, "GB/s", "memcpy bandwidth of this machine (this run)",
+           memcpy_bps / 1e9, mib >= 64 ? "ratio >= 0.5" : "report");
+    }
+    (void)procs->stop();
+    (void)cluster->remove_placement_group(*pg);
+  }
+  cleanup();
+  return 0;
+}
