@@ -36,11 +36,24 @@ struct RunAllReduce {
   uint64_t count = 0;
   uint8_t dtype = 0;
   uint8_t op = 0;
-  TROUPE_MESSAGE_NAMED(RunAllReduce, "test.coll.RunAllReduce", count, dtype, op);
+  uint8_t kind = 0;  // troupe::CollectiveKind
+  uint32_t root = 0;
+  TROUPE_MESSAGE_NAMED(RunAllReduce, "test.coll.RunAllReduce", count, dtype, op, kind, root);
 };
 struct MyPid {
   TROUPE_MESSAGE_NAMED(MyPid, "test.coll.MyPid");
 };
+
+/// The rank whose segment element i is in (the layout reduce_scatter and
+/// allgather document).
+uint32_t owner_of(size_t i, size_t count, uint32_t ranks) {
+  size_t q = count / ranks, m = count % ranks;
+  for (uint32_t r = 0; r < ranks; ++r) {
+    size_t begin = r * q + std::min<size_t>(r, m), len = q + (r < m ? 1 : 0);
+    if (i >= begin && i < begin + len) return r;
+  }
+  return ranks;
+}
 
 double pattern(uint32_t rank, size_t i) { return static_cast<double>((rank + 1) * 3 + static_cast<int>(i % 11)) * 0.5; }
 
@@ -52,17 +65,30 @@ class Reducer : public troupe::Actor<Reducer, SetGroup, RunAllReduce, MyPid> {
   troupe::Deferred<std::vector<double>> handle(const RunAllReduce& m) {
     auto reply = defer<std::vector<double>>();
     auto dtype = static_cast<DType>(m.dtype);
+    auto kind = static_cast<troupe::CollectiveKind>(m.kind);
     size_t n = m.count;
+    // What this rank puts in: its pattern everywhere (reductions), only in
+    // its own segment (allgather), or only at the root (broadcast).
+    auto contributes = [&](size_t i) {
+      if (kind == troupe::CollectiveKind::allgather) return owner_of(i, n, group_.size) == group_.rank;
+      if (kind == troupe::CollectiveKind::broadcast) return group_.rank == m.root;
+      return true;
+    };
     if (dtype == DType::float32) {
-      f32_.resize(n);
-      for (size_t i = 0; i < n; ++i) f32_[i] = static_cast<float>(pattern(group_.rank, i));
+      f32_.assign(n, 0.0f);
+      for (size_t i = 0; i < n; ++i) {
+        if (contributes(i)) f32_[i] = static_cast<float>(pattern(group_.rank, i));
+      }
     } else {
-      i32_.resize(n);
-      for (size_t i = 0; i < n; ++i) i32_[i] = static_cast<int32_t>(pattern(group_.rank, i) * 2);
+      i32_.assign(n, 0);
+      for (size_t i = 0; i < n; ++i) {
+        if (contributes(i)) i32_[i] = static_cast<int32_t>(pattern(group_.rank, i) * 2);
+      }
     }
     void* data = dtype == DType::float32 ? static_cast<void*>(f32_.data()) : static_cast<void*>(i32_.data());
     ask<void>(group_.engine(self()),
-              troupe::AllReduce{group_.id, group_.rank, data, n, dtype, static_cast<ReduceOp>(m.op)}, 60s)
+              troupe::Collective{group_.id, group_.rank, data, n, dtype, static_cast<ReduceOp>(m.op), kind, m.root},
+              60s)
         .then([this, reply, dtype, n](troupe::Result<void> r) mutable {
           if (!r) return reply.fail(r.error());
           std::vector<double> out(n);
@@ -180,4 +206,46 @@ TEST_CASE("collectives: a member's process killed during an allreduce fails it o
   auto again = c.mesh.call(RunAllReduce{1001, static_cast<uint8_t>(DType::float32), static_cast<uint8_t>(ReduceOp::sum)});
   REQUIRE(again.ok());
   for (size_t i = 0; i < 1001; ++i) CHECK((*again[7])[i] == expected(DType::float32, ReduceOp::sum, 8, i));
+}
+
+TEST_CASE("collectives: reduce_scatter, allgather, broadcast and barrier across 8 processes", "[cluster][collectives]") {
+  CollectiveCluster c;
+  c.give_groups(c.mesh);
+  auto run = [&](troupe::CollectiveKind kind, size_t count, uint32_t root = 0) {
+    return c.mesh.call(RunAllReduce{count, static_cast<uint8_t>(DType::float32), static_cast<uint8_t>(ReduceOp::sum),
+                                    static_cast<uint8_t>(kind), root},
+                       60s);
+  };
+  for (size_t count : {size_t{0}, size_t{5}, size_t{1001}, size_t{300'001}}) {
+    INFO("count " << count);
+    auto rs = run(troupe::CollectiveKind::reduce_scatter, count);
+    REQUIRE(rs.ok());
+    for (uint32_t r = 0; r < 8; ++r) {
+      size_t wrong = 0;
+      for (size_t i = 0; i < count; ++i) {
+        if (owner_of(i, count, 8) == r) wrong += (*rs[r])[i] != expected(DType::float32, ReduceOp::sum, 8, i);
+      }
+      CHECK(wrong == 0);
+    }
+    auto ag = run(troupe::CollectiveKind::allgather, count);
+    REQUIRE(ag.ok());
+    for (uint32_t r = 0; r < 8; ++r) {
+      size_t wrong = 0;
+      for (size_t i = 0; i < count; ++i) wrong += (*ag[r])[i] != pattern(owner_of(i, count, 8), i);
+      CHECK(wrong == 0);
+    }
+    for (uint32_t root : {0u, 3u, 7u}) {
+      auto bc = run(troupe::CollectiveKind::broadcast, count, root);
+      REQUIRE(bc.ok());
+      for (uint32_t r = 0; r < 8; ++r) {
+        size_t wrong = 0;
+        for (size_t i = 0; i < count; ++i) wrong += (*bc[r])[i] != pattern(root, i);
+        CHECK(wrong == 0);
+      }
+    }
+  }
+  CHECK(run(troupe::CollectiveKind::barrier, 0).ok());
+  auto bad_root = run(troupe::CollectiveKind::broadcast, 4, 8);
+  REQUIRE_FALSE(bad_root.ok());
+  CHECK_THAT(bad_root.errors()[0].second.message(), Catch::Contains("root 8"));
 }

@@ -3,7 +3,7 @@
 // collective from its handlers without blocking:
 //
 //   // in a member actor, with group_ the CollectiveGroup it was sent:
-//   ask<void>(group_.engine(self()), troupe::AllReduce{group_.id, grads_.data(), grads_.size(),
+//   ask<void>(group_.engine(self()), troupe::AllReduce{group_.id, group_.rank, grads_.data(), grads_.size(),
 //                                                      troupe::DType::float32, troupe::ReduceOp::avg})
 //       .then([this](troupe::Result<void> r) { ... });
 //
@@ -53,17 +53,39 @@ struct CollectiveGroup {
   AnyRef engine(const AnyRef& self) const;
 };
 
-/// Asks the local engine to reduce `count` elements at `data` across the
-/// group, in place, with `op`: every rank ends with the same result. The
-/// memory must stay valid, and untouched by the caller, until the answer.
-/// Answered once done on this rank, or with why not.
-struct AllReduce {
+/// Which collective a Collective message asks for.
+enum class CollectiveKind : uint8_t {
+  /// Every rank ends with the reduction (`op`) of all ranks' buffers.
+  allreduce,
+  /// Rank r ends with the reduction of its segment of the buffer: elements
+  /// [r*q + min(r, m), ...) of length q + (r < m), q = count / n and
+  /// m = count % n (the rest of its buffer holds partial results).
+  reduce_scatter,
+  /// Rank r contributes its segment (as above) of the buffer; every rank
+  /// ends with every segment.
+  allgather,
+  /// Every rank ends with `root`'s buffer (a binomial tree).
+  broadcast,
+  /// Returns once every rank has entered it (no data).
+  barrier,
+};
+
+/// Asks the local engine to run a collective on `count` elements at `data`,
+/// in place, with the group's other ranks. The memory must stay valid, and
+/// untouched by the caller, until the answer (once done on this rank, or
+/// with why not). Every rank must pass the same kind, count, type, op and
+/// root, in the same order of collectives.
+struct Collective {
   std::string group;
   uint32_t rank = 0;
   void* data = nullptr;
   size_t count = 0;
   DType dtype = DType::float32;
   ReduceOp op = ReduceOp::sum;
+  CollectiveKind kind = CollectiveKind::allreduce;
+  uint32_t root = 0;
 };
+/// The common case: `AllReduce{group.id, group.rank, data, count, dtype, op}`.
+using AllReduce = Collective;
 
 }  // namespace troupe

@@ -64,7 +64,7 @@ Result<void> ProcAnchor::handle(const JoinGroup& m) {
   return {};
 }
 
-Deferred<void> ProcAnchor::handle(const AllReduce& m) {
+Deferred<void> ProcAnchor::handle(const Collective& m) {
   auto reply = defer<void>();
   auto it = groups_.find(m.group);
   if (it == groups_.end()) {
@@ -86,10 +86,37 @@ Deferred<void> ProcAnchor::handle(const AllReduce& m) {
     reply.fail(Status(ErrorCode::invalid_argument, "allreduce: no data"));
     return reply;
   }
+  if (m.kind == CollectiveKind::broadcast && m.root >= g.spec.size) {
+    reply.fail(Status(ErrorCode::invalid_argument, "broadcast: root " + std::to_string(m.root) + " is not a rank of " +
+                                                       m.group + " (" + std::to_string(g.spec.size) + " ranks)"));
+    return reply;
+  }
   uint64_t seq = lr->second.next_seq++;
   Op& op = lr->second.ops[seq];
-  op.schedule = collectives::ring_allreduce_schedule(g.spec.size, m.rank, m.count,
-                                                     std::max<size_t>(1, kChunkBytes / dtype_size(m.dtype)));
+  op.kind = m.kind;
+  size_t chunk_elems = std::max<size_t>(1, kChunkBytes / dtype_size(m.dtype));
+  switch (m.kind) {
+    case CollectiveKind::allreduce:
+      op.schedule = collectives::ring_allreduce_schedule(g.spec.size, m.rank, m.count, chunk_elems);
+      break;
+    case CollectiveKind::reduce_scatter:
+      op.schedule = collectives::ring_reduce_scatter_schedule(g.spec.size, m.rank, m.count, chunk_elems);
+      break;
+    case CollectiveKind::allgather:
+      op.schedule = collectives::ring_allgather_schedule(g.spec.size, m.rank, m.count, chunk_elems);
+      break;
+    case CollectiveKind::broadcast:
+      for (auto& s : collectives::tree_broadcast_schedule(g.spec.size, m.root, m.rank)) {
+        op.peer_steps.push_back(PeerStep{static_cast<uint32_t>(s.peer), s.op == collectives::TreeOp::send});
+      }
+      break;
+    case CollectiveKind::barrier:
+      for (auto& r : collectives::barrier_schedule(g.spec.size, m.rank)) {
+        op.peer_steps.push_back(PeerStep{static_cast<uint32_t>(r.send_to), true});
+        op.peer_steps.push_back(PeerStep{static_cast<uint32_t>(r.recv_from), false});
+      }
+      break;
+  }
   op.data = static_cast<std::byte*>(m.data);
   op.count = m.count;
   op.dtype = m.dtype;
@@ -104,10 +131,14 @@ Deferred<void> ProcAnchor::handle(const AllReduce& m) {
     if (gi == groups_.end()) return;
     auto li = gi->second.ranks.find(rank);
     if (li == gi->second.ranks.end() || !li->second.ops.count(seq)) return;
-    break_group(id, Status(ErrorCode::timeout, "collectives: an allreduce of group " + id + " did not complete within " +
+    break_group(id, Status(ErrorCode::timeout, "collectives: a collective of group " + id + " did not complete within " +
                                                    std::to_string(gi->second.spec.timeout_ms) + " ms"));
   });
-  pump(g, rank, seq);
+  if (m.kind == CollectiveKind::broadcast || m.kind == CollectiveKind::barrier) {
+    pump_peers(g, rank, seq);
+  } else {
+    pump(g, rank, seq);
+  }
   return reply;
 }
 
@@ -142,7 +173,7 @@ void ProcAnchor::pump(Group& g, uint32_t rank, uint64_t seq) {
     // A send may read what was received C steps before it.
     if (op.next_send < steps.size() && op.next_send < op.next_recv + op.schedule.chunks_per_step) {
       const collectives::RingStep& s = steps[op.next_send];
-      RingChunk chunk{g.spec.id, static_cast<uint32_t>(op.schedule.send_to), seq, op.next_send,
+      RingChunk chunk{g.spec.id, static_cast<uint32_t>(op.schedule.send_to), rank, seq, op.next_send, false,
                       std::string(reinterpret_cast<const char*>(op.data + s.send.offset_elems * width),
                                   s.send.len_elems * width)};
       (void)g.engines[op.schedule.send_to].tell(std::move(chunk));
@@ -151,12 +182,48 @@ void ProcAnchor::pump(Group& g, uint32_t rank, uint64_t seq) {
     }
     break;
   }
-  if (op.next_recv == steps.size() && op.next_send == steps.size()) {
-    if (op.op == ReduceOp::avg) collectives::finish_avg(op.dtype, op.data, op.count, g.spec.size);
-    Deferred<void> reply = op.reply;
-    lr.ops.erase(it);
-    reply.complete();
+  if (op.next_recv == steps.size() && op.next_send == steps.size()) finish(g, rank, seq);
+}
+
+void ProcAnchor::pump_peers(Group& g, uint32_t rank, uint64_t seq) {
+  LocalRank& lr = g.ranks[rank];
+  auto it = lr.ops.find(seq);
+  if (it == lr.ops.end()) return;
+  Op& op = it->second;
+  size_t bytes = op.kind == CollectiveKind::broadcast ? op.count * dtype_size(op.dtype) : 0;
+  while (op.next_peer_step < op.peer_steps.size()) {
+    const PeerStep& s = op.peer_steps[op.next_peer_step];
+    if (s.send) {
+      (void)g.engines[s.peer].tell(
+          RingChunk{g.spec.id, s.peer, rank, seq, 0, true, std::string(reinterpret_cast<const char*>(op.data), bytes)});
+    } else {
+      auto got = lr.early_from.find({seq, s.peer});
+      if (got == lr.early_from.end()) return;  // its data has not come yet
+      std::memcpy(op.data, got->second.data(), std::min(bytes, got->second.size()));
+      lr.early_from.erase(got);
+    }
+    ++op.next_peer_step;
   }
+  finish(g, rank, seq);
+}
+
+void ProcAnchor::finish(Group& g, uint32_t rank, uint64_t seq) {
+  LocalRank& lr = g.ranks[rank];
+  auto it = lr.ops.find(seq);
+  if (it == lr.ops.end()) return;
+  Op& op = it->second;
+  if (op.op == ReduceOp::avg) {
+    if (op.kind == CollectiveKind::allreduce) {
+      collectives::finish_avg(op.dtype, op.data, op.count, g.spec.size);
+    } else if (op.kind == CollectiveKind::reduce_scatter) {
+      auto mine = collectives::ring_segment(op.count, g.spec.size, rank);
+      collectives::finish_avg(op.dtype, op.data + mine.offset_elems * dtype_size(op.dtype), mine.len_elems,
+                              g.spec.size);
+    }
+  }
+  Deferred<void> reply = op.reply;
+  lr.ops.erase(it);
+  reply.complete();
 }
 
 void ProcAnchor::handle(const RingChunk& m) {
@@ -166,6 +233,12 @@ void ProcAnchor::handle(const RingChunk& m) {
   auto lr = g.ranks.find(m.to_rank);
   if (lr == g.ranks.end()) return;
   auto op = lr->second.ops.find(m.seq);
+  if (m.tree) {
+    // Broadcast and barrier: by sender; applied when the schedule gets there.
+    lr->second.early_from[{m.seq, m.from_rank}] = m.bytes;
+    if (op != lr->second.ops.end()) pump_peers(g, m.to_rank, m.seq);
+    return;
+  }
   if (op == lr->second.ops.end() || op->second.next_recv != m.step || op->second.next_recv >= op->second.next_send) {
     // Before this rank called, or ahead of its turn: kept until then.
     lr->second.early[{m.seq, m.step}] = m.bytes;
@@ -188,6 +261,7 @@ void ProcAnchor::break_group(const std::string& id, Status why) {
     for (auto& [seq, op] : lr.ops) failed.push_back(op.reply);
     lr.ops.clear();
     lr.early.clear();
+    lr.early_from.clear();
   }
   for (MonitorId m : g.monitors) demonitor(m);
   g.monitors.clear();

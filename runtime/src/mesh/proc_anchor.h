@@ -66,13 +66,15 @@ struct JoinGroup {
 struct RingChunk {
   std::string group;
   uint32_t to_rank = 0;
+  uint32_t from_rank = 0;
   uint64_t seq = 0;
-  uint64_t step = 0;
+  uint64_t step = 0;  // ring kinds: the step; tree kinds (broadcast, barrier): unused
+  bool tree = false;  // from a broadcast or barrier: matched by sender, not step
   std::string bytes;
-  TROUPE_MESSAGE_NAMED(RingChunk, "troupe.mesh.RingChunk", group, to_rank, seq, step, bytes);
+  TROUPE_MESSAGE_NAMED(RingChunk, "troupe.mesh.RingChunk", group, to_rank, from_rank, seq, step, tree, bytes);
 };
 
-class ProcAnchor final : public Actor<ProcAnchor, AnchorPid, MeshCast, JoinGroup, AllReduce, RingChunk> {
+class ProcAnchor final : public Actor<ProcAnchor, AnchorPid, MeshCast, JoinGroup, Collective, RingChunk> {
  public:
   /// `rank`: its place in the mesh, shown in the actor table.
   explicit ProcAnchor(uint64_t rank) { (void)rank; }
@@ -81,13 +83,21 @@ class ProcAnchor final : public Actor<ProcAnchor, AnchorPid, MeshCast, JoinGroup
 
   // Collectives (collective_engine.cc).
   Result<void> handle(const JoinGroup& m);
-  Deferred<void> handle(const AllReduce& m);
+  Deferred<void> handle(const Collective& m);
   void handle(const RingChunk& m);
 
  private:
   /// One collective in progress for one local rank.
+  /// A step of a tree-shaped collective (broadcast, barrier).
+  struct PeerStep {
+    uint32_t peer = 0;
+    bool send = false;
+  };
   struct Op {
-    collectives::RingSchedule schedule;
+    CollectiveKind kind = CollectiveKind::allreduce;
+    collectives::RingSchedule schedule;  // ring kinds
+    std::vector<PeerStep> peer_steps;    // tree kinds
+    size_t next_peer_step = 0;
     std::byte* data = nullptr;
     size_t count = 0;
     DType dtype = DType::float32;
@@ -99,7 +109,8 @@ class ProcAnchor final : public Actor<ProcAnchor, AnchorPid, MeshCast, JoinGroup
   struct LocalRank {
     uint64_t next_seq = 0;               // the next collective this rank calls
     std::map<uint64_t, Op> ops;          // by sequence number
-    std::map<std::pair<uint64_t, uint64_t>, std::string> early;  // (seq, step) -> data before the call
+    std::map<std::pair<uint64_t, uint64_t>, std::string> early;  // ring: (seq, step) -> data before its turn
+    std::map<std::pair<uint64_t, uint32_t>, std::string> early_from;  // tree: (seq, from rank) -> data
   };
   struct Group {
     CollectiveGroup spec;
@@ -112,6 +123,10 @@ class ProcAnchor final : public Actor<ProcAnchor, AnchorPid, MeshCast, JoinGroup
   /// Sends what the pipeline allows, applies chunks that came early, and
   /// answers when done.
   void pump(Group& g, uint32_t rank, uint64_t seq);
+  /// The same for broadcast and barrier: sends and receives in schedule order.
+  void pump_peers(Group& g, uint32_t rank, uint64_t seq);
+  /// Answers the collective (after the last step) and forgets it.
+  void finish(Group& g, uint32_t rank, uint64_t seq);
   void apply(Op& op, size_t step, const std::string& bytes);
   /// Fails every collective in progress in the group, for good.
   void break_group(const std::string& id, Status why);
