@@ -27,16 +27,14 @@
 
 #include "../common/report.h"
 #include "cluster/protocol.h"
-#include "support/daemon.h"
+#include "../common/local_cluster.h"
 #include "troupe/cluster.h"
 #include "troupe/worker.h"
 
 using troupe::bench::emit;
 using troupe::cluster::GetNodeId;
 using troupe::bench::quantile;
-using troupe::test::Daemon;
 using Clock = std::chrono::steady_clock;
-namespace fs = std::filesystem;
 
 namespace {
 
@@ -73,30 +71,15 @@ class Tally : public troupe::Actor<Tally, Hit, WhichPid> {
 int main(int argc, char** argv) {
   troupe::serve_if_worker();  // the agents start this executable as their workers
   bool quick = troupe::bench::quick(argc, argv);
-  fs::path home = fs::temp_directory_path() / ("troupe-bench-" + std::to_string(getpid()));
-  auto cleanup = [&] {
-    std::error_code ec;
-    fs::remove_all(home, ec);
-  };
   auto fail = [&](const std::string& why) {
     std::fprintf(stderr, "cluster_bench: %s\n", why.c_str());
-    cleanup();
     return 1;
   };
-  auto head = std::make_unique<Daemon>(TROUPE_CLI, home, kToken,
-                                       std::vector<std::string>{"start", "--head", "--port", "0", "--data-dir",
-                                                                (home / "head").string()});
-  if (!head->ok()) return fail("head: " + head->said());
-  std::string address = head->address();
+  troupe::bench::LocalCluster local("bench", kToken, 4, "64");
+  if (!local.error().empty()) return fail(local.error());
+  std::string address = local.head().address();
   std::string port = address.substr(address.rfind(':') + 1);
-  std::vector<std::unique_ptr<Daemon>> agents;
-  for (int i = 0; i < 4; ++i) {
-    agents.push_back(std::make_unique<Daemon>(
-        TROUPE_CLI, home, kToken,
-        std::vector<std::string>{"start", "--address", address, "--node-id", "a" + std::to_string(i), "--cpus",
-                                 "64"}));
-    if (!agents.back()->ok()) return fail("agent: " + agents.back()->said());
-  }
+  auto& agents = local.agents();
   troupe::RuntimeConfig cfg;
   cfg.cluster_token = kToken;
   cfg.log_level = "error";
@@ -241,12 +224,9 @@ int main(int argc, char** argv) {
   keep.bundles.assign(3, troupe::Bundle{{{"CPU", 1}}});
   auto kept = cluster->create_placement_group(keep);
   if (!kept || !cluster->wait_placement_group(*kept, std::chrono::seconds(10))) return fail("keep group");
-  head->kill9();
+  local.head().kill9();
   auto restarted = Clock::now();
-  head = std::make_unique<Daemon>(TROUPE_CLI, home, kToken,
-                                  std::vector<std::string>{"start", "--head", "--port", port, "--data-dir",
-                                                           (home / "head").string()});
-  if (!head->ok()) return fail("head restart: " + head->said());
+  if (!local.restart_head(kToken, port)) return fail("head restart: " + local.head().said());
   double recovered_ms = -1;
   while (ms_since(restarted) < 20000) {
     auto c = troupe::ClusterClient::connect(rt, address, std::chrono::seconds(1));
@@ -263,6 +243,5 @@ int main(int argc, char** argv) {
   emit("cluster.head_recovery", "restart_to_recovered", recovered_ms, "ms",
        "Ray: actor and placement-group creation stop until the head is back (no published recovery time)", 0,
        "report");
-  cleanup();
   return errors == 0 ? 0 : 1;
 }

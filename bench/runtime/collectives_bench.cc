@@ -17,16 +17,14 @@
 #include <vector>
 
 #include "../common/report.h"
-#include "support/daemon.h"
+#include "../common/local_cluster.h"
 #include "troupe/collective_group.h"
 #include "troupe/mesh.h"
 #include "troupe/worker.h"
 
 using troupe::bench::emit;
 using troupe::bench::quantile;
-using troupe::test::Daemon;
 using Clock = std::chrono::steady_clock;
-namespace fs = std::filesystem;
 
 namespace {
 
@@ -83,36 +81,20 @@ int main(int argc, char** argv) {
   bool quick = troupe::bench::quick(argc, argv);
   const char* transport_env = std::getenv("BENCH_TRANSPORT");
   std::string transport = transport_env ? transport_env : "tcp";
-  fs::path home = fs::temp_directory_path() / ("troupe-coll-bench-" + std::to_string(getpid()));
-  auto cleanup = [&] {
-    std::error_code ec;
-    fs::remove_all(home, ec);
-  };
   auto fail = [&](const std::string& why) {
     std::fprintf(stderr, "collectives_bench: %s\n", why.c_str());
-    cleanup();
     return 1;
   };
   double memcpy_bps = memcpy_bandwidth();
-  auto head = std::make_unique<Daemon>(TROUPE_CLI, home, kToken,
-                                       std::vector<std::string>{"start", "--head", "--port", "0", "--transport",
-                                                                transport, "--data-dir", (home / "head").string()});
-  if (!head->ok()) return fail("head: " + head->said());
-  std::vector<std::unique_ptr<Daemon>> agents;
-  for (int i = 0; i < 2; ++i) {
-    agents.push_back(std::make_unique<Daemon>(
-        TROUPE_CLI, home, kToken,
-        std::vector<std::string>{"start", "--address", head->address(), "--node-id", "a" + std::to_string(i), "--cpus",
-                                 "8"}));
-    if (!agents.back()->ok()) return fail("agent: " + agents.back()->said());
-  }
+  troupe::bench::LocalCluster local("collectives-bench", kToken, 2, "8", transport);
+  if (!local.error().empty()) return fail(local.error());
   troupe::RuntimeConfig cfg;
   cfg.cluster_token = kToken;
   cfg.log_level = "error";
   cfg.transport = transport;
   cfg.listen = transport + "://127.0.0.1:0";
   troupe::Runtime rt(cfg);
-  auto cluster = troupe::ClusterClient::connect(rt, head->address());
+  auto cluster = troupe::ClusterClient::connect(rt, local.head().address());
   if (!cluster) return fail(cluster.error().to_string());
 
   std::vector<size_t> sizes_mib = quick ? std::vector<size_t>{1, 16} : std::vector<size_t>{1, 4, 16, 64, 256};
@@ -149,6 +131,5 @@ int main(int argc, char** argv) {
     (void)procs->stop();
     (void)cluster->remove_placement_group(*pg);
   }
-  cleanup();
   return 0;
 }

@@ -19,16 +19,14 @@
 #include <vector>
 
 #include "../common/report.h"
-#include "support/daemon.h"
+#include "../common/local_cluster.h"
 #include "troupe/cluster.h"
 #include "troupe/mesh.h"
 #include "troupe/worker.h"
 
 using troupe::bench::emit;
 using troupe::bench::quantile;
-using troupe::test::Daemon;
 using Clock = std::chrono::steady_clock;
-namespace fs = std::filesystem;
 
 namespace {
 
@@ -82,34 +80,18 @@ class Collector : public troupe::Actor<Collector, Expect, Ack> {
 int main(int argc, char** argv) {
   troupe::serve_if_worker();  // the agents start this executable as the mesh's processes
   bool quick = troupe::bench::quick(argc, argv);
-  fs::path home = fs::temp_directory_path() / ("troupe-mesh-bench-" + std::to_string(getpid()));
-  auto cleanup = [&] {
-    std::error_code ec;
-    fs::remove_all(home, ec);
-  };
   auto fail = [&](const std::string& why) {
     std::fprintf(stderr, "mesh_bench: %s\n", why.c_str());
-    cleanup();
     return 1;
   };
-  auto head = std::make_unique<Daemon>(TROUPE_CLI, home, kToken,
-                                       std::vector<std::string>{"start", "--head", "--port", "0", "--data-dir",
-                                                                (home / "head").string()});
-  if (!head->ok()) return fail("head: " + head->said());
-  std::vector<std::unique_ptr<Daemon>> agents;
-  for (int i = 0; i < 2; ++i) {
-    agents.push_back(std::make_unique<Daemon>(
-        TROUPE_CLI, home, kToken,
-        std::vector<std::string>{"start", "--address", head->address(), "--node-id", "a" + std::to_string(i), "--cpus",
-                                 "8"}));
-    if (!agents.back()->ok()) return fail("agent: " + agents.back()->said());
-  }
+  troupe::bench::LocalCluster local("mesh-bench", kToken, 2, "8");
+  if (!local.error().empty()) return fail(local.error());
   troupe::RuntimeConfig cfg;
   cfg.cluster_token = kToken;
   cfg.log_level = "error";
   cfg.listen = "tcp://127.0.0.1:0";
   troupe::Runtime rt(cfg);
-  auto cluster = troupe::ClusterClient::connect(rt, head->address());
+  auto cluster = troupe::ClusterClient::connect(rt, local.head().address());
   if (!cluster) return fail(cluster.error().to_string());
 
   auto group = [&](size_t n) {
@@ -164,6 +146,5 @@ int main(int argc, char** argv) {
     return true;
   };
   if (!measure(*m1, "1") || !measure(*m8, "8") || !measure(*m64, "64")) return fail("a call or cast failed");
-  cleanup();
   return 0;
 }
