@@ -1,5 +1,6 @@
 #include "worker/worker_actor.h"
 
+#include <malloc.h>
 #include <stdlib.h>
 
 #include <cstdio>
@@ -143,6 +144,11 @@ bool is_worker_process() { return getenv(cluster::kWorkerIdEnv) != nullptr; }
 
 void serve_if_worker() {
   if (!is_worker_process()) return;
+  // Workers move large messages (collectives' chunks, weights): keep freed
+  // blocks for reuse instead of unmapping and faulting fresh zeroed pages in
+  // for every one.
+  mallopt(M_MMAP_THRESHOLD, 64 << 20);
+  mallopt(M_TRIM_THRESHOLD, 256 << 20);
   std::string id = cluster::take_env(cluster::kWorkerIdEnv);
   std::string agent = cluster::take_env(cluster::kWorkerAgentEnv);
   std::string listen = cluster::take_env(cluster::kWorkerListenEnv);
