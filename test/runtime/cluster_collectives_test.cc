@@ -122,16 +122,8 @@ double expected(DType dtype, ReduceOp op, uint32_t ranks, size_t i) {
   return acc;
 }
 
-struct CollectiveCluster {
-  LocalCluster local{2};
-  troupe::Shape shape = troupe::Shape::make({{"hosts", 2}, {"procs", 4}}).value();
-  std::string pg = [this] {
-    troupe::PlacementGroupSpec spec;
-    spec.strategy = troupe::PlacementStrategy::pack;
-    spec.bundles.assign(8, troupe::Bundle{{{"CPU", 0.5}}});
-    return local.cluster.create_placement_group(spec).value();
-  }();
-  troupe::ProcMesh procs = troupe::ProcMesh::create(local.cluster, shape, pg).value();
+/// The 8-process mesh with a Reducer in each process.
+struct CollectiveCluster : EightProcessMesh {
   troupe::ActorMesh<Reducer> mesh = procs.spawn<Reducer>({.max_restarts = -1}).value();
 
   void give_groups(const troupe::ActorMesh<Reducer>& view, std::chrono::milliseconds timeout = 30s) {

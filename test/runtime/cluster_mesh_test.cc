@@ -99,19 +99,7 @@ std::vector<int> seen_when_arrived(const Mesh& mesh, Want want) {
 
 int64_t pid_of(const std::string& who) { return std::stoll(who.substr(who.find(':') + 1)); }
 
-/// A head, two agents of 2 CPUs, and a {hosts: 2, procs: 4} mesh of 8
-/// processes on a PACK group of 8 half-CPU bundles (4 per agent).
-struct MeshCluster {
-  LocalCluster local{2};
-  troupe::Shape shape = troupe::Shape::make({{"hosts", 2}, {"procs", 4}}).value();
-  std::string pg = [this] {
-    troupe::PlacementGroupSpec spec;
-    spec.strategy = troupe::PlacementStrategy::pack;
-    spec.bundles.assign(8, troupe::Bundle{{{"CPU", 0.5}}});
-    return local.cluster.create_placement_group(spec).value();
-  }();
-  troupe::ProcMesh procs = troupe::ProcMesh::create(local.cluster, shape, pg).value();
-};
+using MeshCluster = EightProcessMesh;
 
 }  // namespace
 

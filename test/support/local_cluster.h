@@ -16,6 +16,7 @@
 
 #include "support/daemon.h"
 #include "troupe/cluster.h"
+#include "troupe/mesh.h"
 #include "troupe/troupe.h"
 
 namespace troupe::test {
@@ -94,6 +95,20 @@ struct LocalCluster {
     REQUIRE(status_until(cluster, 5s, [&](auto& st) { return st.nodes.size() == want; }));
     return *agents.back();
   }
+};
+
+/// A {hosts: 2, procs: 4} proc mesh of 8 worker processes over two 2-CPU
+/// agents (a PACK group of 8 half-CPU bundles: 4 per agent).
+struct EightProcessMesh {
+  LocalCluster local{2};
+  troupe::Shape shape = troupe::Shape::make({{"hosts", 2}, {"procs", 4}}).value();
+  std::string pg = [this] {
+    troupe::PlacementGroupSpec spec;
+    spec.strategy = troupe::PlacementStrategy::pack;
+    spec.bundles.assign(8, troupe::Bundle{{{"CPU", 0.5}}});
+    return local.cluster.create_placement_group(spec).value();
+  }();
+  troupe::ProcMesh procs = troupe::ProcMesh::create(local.cluster, shape, pg).value();
 };
 
 }  // namespace troupe::test
