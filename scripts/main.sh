@@ -12,6 +12,8 @@ bash "$root/scripts/build.sh"
 "$build/examples/troupe_example_counter"
 # An actor on an embedded cluster (troupe::init) surviving kill -9 of its process.
 "$build/examples/troupe_example_cluster_counter"
+# A data-parallel mesh of 4 processes averaging gradients with an allreduce.
+"$build/examples/troupe_example_mesh_allreduce"
 
 # A throwaway cluster home, so that this never touches ~/.troupe.
 export TROUPE_HOME
