@@ -8,7 +8,9 @@
 #include <cerrno>
 #include <cstring>
 #include <fstream>
+#include <condition_variable>
 #include <functional>
+#include <mutex>
 
 #include "agent/process.h"
 #include "log.h"
@@ -189,10 +191,31 @@ void AgentActor::on_stop(const ExitReason&) {
     if (job.running) ::kill(-job.pid, SIGKILL);
     if (job.waiter.joinable()) job.waiter.join();
   }
+  // Workers stop gracefully (their actors' final snapshots), or are killed
+  // after the grace period.
+  std::vector<pid_t> pids;
   for (auto& [id, w] : workers_) {
-    ::kill(-w.pid, SIGKILL);
+    ::kill(-w.pid, SIGTERM);
+    pids.push_back(w.pid);
+  }
+  std::mutex mu;
+  std::condition_variable cv;
+  bool reaped = false;
+  std::thread reaper([&] {
+    std::unique_lock<std::mutex> lock(mu);
+    if (!cv.wait_for(lock, kWorkerStopGrace, [&] { return reaped; })) {
+      for (pid_t pid : pids) ::kill(-pid, SIGKILL);
+    }
+  });
+  for (auto& [id, w] : workers_) {
     if (w.waiter.joinable()) w.waiter.join();
   }
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    reaped = true;
+  }
+  cv.notify_all();
+  reaper.join();
 }
 
 }  // namespace troupe::cluster

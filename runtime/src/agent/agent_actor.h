@@ -39,6 +39,8 @@ class AgentActor final : public Actor<AgentActor, GetNodeId, RunJob, ReadJobLog,
  public:
   /// How long a worker has to report ready.
   static constexpr std::chrono::milliseconds kWorkerStartTimeout{30'000};
+  /// How long a worker has to stop gracefully (SIGTERM) when the agent stops.
+  static constexpr std::chrono::milliseconds kWorkerStopGrace{2'000};
 
   /// `address`: the agent's own, which its workers dial.
   AgentActor(std::string node_id, std::filesystem::path log_dir, std::string address);

@@ -1,10 +1,13 @@
 #include "worker/worker_actor.h"
 
 #include <malloc.h>
+#include <pthread.h>
+#include <signal.h>
 #include <stdlib.h>
 
 #include <cstdio>
 #include <future>
+#include <thread>
 
 #include "log.h"
 #include "troupe/detail/actor_class.h"
@@ -101,6 +104,15 @@ std::string take_env(const char* name) {
 }
 
 int run_worker(const std::string& worker_id, const std::string& agent_address, const std::string& listen) {
+  // SIGTERM (the agent stopping, StopWorker) ends the worker gracefully: its
+  // actors stop in order and take their final snapshots. The signal is
+  // taken by a thread of its own; every other thread, the runtime's
+  // included, inherits the blocked mask.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGTERM);
+  sigaddset(&stop_signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
   RuntimeConfig cfg;
   cfg.listen = listen;
   if (const char* spin = getenv("TROUPE_WORKER_SPIN_US")) cfg.network_spin = std::chrono::microseconds(std::atoll(spin));
@@ -130,6 +142,12 @@ int run_worker(const std::string& worker_id, const std::string& agent_address, c
     return 1;
   }
   TROUPE_LOG(info, "event=worker_serving worker={} address={}", worker_id, rt.address());
+  std::thread signals([&] {
+    int sig = 0;
+    sigwait(&stop_signals, &sig);
+    std::call_once(once, [&] { done.set_value(); });
+  });
+  signals.detach();  // blocked in sigwait until the process ends
   done.get_future().wait();
   (void)rt.shutdown();
   return 0;
