@@ -120,12 +120,16 @@ Deferred<WorkerStarted> AgentActor::handle(const StartWorker& m) {
   std::string listen = address_;
   if (auto colon = listen.rfind(':'); colon != std::string::npos) listen = listen.substr(0, colon) + ":0";
   std::filesystem::path log = log_of("worker-", m.worker_id);
-  auto pid = start_process(ProcessSpec{{m.executable},
-                                       {std::string(kWorkerIdEnv) + "=" + m.worker_id,
-                                        std::string(kWorkerAgentEnv) + "=" + address_,
-                                        std::string(kWorkerListenEnv) + "=" + listen},
-                                       log,
-                                       /*die_with_agent=*/true});
+  std::vector<std::string> env{std::string(kWorkerIdEnv) + "=" + m.worker_id,
+                               std::string(kWorkerAgentEnv) + "=" + address_,
+                               std::string(kWorkerListenEnv) + "=" + listen};
+  // An idle worker polls the network for a while before it sleeps (fast
+  // round trips); once this node has more workers than cores, that polling
+  // takes the cores the others need, so further workers do not poll.
+  if (getenv("TROUPE_WORKER_SPIN_US") == nullptr && workers_.size() + 1 > std::thread::hardware_concurrency()) {
+    env.push_back("TROUPE_WORKER_SPIN_US=0");
+  }
+  auto pid = start_process(ProcessSpec{{m.executable}, env, log, /*die_with_agent=*/true});
   if (!pid) {
     reply.fail(Status(pid.error().code(), "worker: " + pid.error().message()));
     return reply;
