@@ -229,7 +229,8 @@ json to_json(const troupe::ActorInfo& a) {
                   {"snapshot_every", o.snapshot_every},
                   {"mailbox_bound", o.mailbox_bound},
                   {"dedicated_process", o.dedicated_process},
-                  {"colocate_with", o.colocate_with}};
+                  {"colocate_with", o.colocate_with},
+                  {"restore_from", o.restore_from}};
   return {{"id", a.id},
           {"class_name", a.class_name},
           {"state", a.state},

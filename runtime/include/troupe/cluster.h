@@ -134,9 +134,14 @@ struct ActorOptions {
   /// Run in the same process as the actor with this id (a mesh's process
   /// anchor): it goes where that one goes, and waits while that one restarts.
   std::string colocate_with{};
+  /// Start from the last snapshot of this (dead) actor: a supervisor's
+  /// restart of a remote child carries the child's state this way. The head
+  /// keeps the snapshots of the last 1,000 dead actors (not across its own
+  /// restart).
+  std::string restore_from{};
 
   TROUPE_FIELDS(name, ns, resources, placement_group, bundle, label_selector, max_restarts, max_task_retries,
-                detached, snapshot_every, mailbox_bound, dedicated_process, colocate_with);
+                detached, snapshot_every, mailbox_bound, dedicated_process, colocate_with, restore_from);
 };
 
 /// An actor of the cluster as the head sees it.

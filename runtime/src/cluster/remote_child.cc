@@ -16,25 +16,31 @@ struct RemoteChildAlive {};
 class RemoteChild final : public Actor<RemoteChild, RemoteChildAlive> {
  public:
   RemoteChild(std::shared_ptr<ClusterClient::State> client, std::string class_key, std::string args,
-              ActorOptions options, std::weak_ptr<detail::Relay> relay)
+              ActorOptions options, std::weak_ptr<detail::Relay> relay, std::shared_ptr<std::string> last_id)
       : client_(std::move(client)),
         class_key_(std::move(class_key)),
         args_(std::move(args)),
         options_(std::move(options)),
-        relay_(std::move(relay)) {}
+        relay_(std::move(relay)),
+        last_id_ptr_(std::move(last_id)),
+        last_id_(*last_id_ptr_) {}
 
   void handle(const RemoteChildAlive&) {}
 
  private:
   void start_async_(std::function<void(Status)> done) override {
     AnyRef head = client_->current_head();
-    SpawnActor m = spawn_request(*client_, class_key_, args_, options_);
+    ActorOptions options = options_;
+    // A restart starts from the state the previous incarnation last saved.
+    options.restore_from = last_id_;
+    SpawnActor m = spawn_request(*client_, class_key_, args_, options);
     ask<ActorInfo>(head, std::move(m), ClusterClient::kSpawnTimeout + std::chrono::seconds(5))
         .then([this, done](Result<ActorInfo> r) {
           if (!r) return done(Status(r.error().code(), "remote child: " + r.error().message()));
           auto ref = client_->rt->ref_at(r->address, r->ref_id);
           if (!ref) return done(ref.error());
           id_ = r->id;
+          *last_id_ptr_ = r->id;
           if (auto relay = relay_.lock()) relay->retarget(detail::CellPtr(ref->cell()));
           std::string node = r->node;
           monitor(*ref, [this, node](const Down& d) {
@@ -57,6 +63,10 @@ class RemoteChild final : public Actor<RemoteChild, RemoteChildAlive> {
   std::string args_;
   ActorOptions options_;
   std::weak_ptr<detail::Relay> relay_;
+  /// The child's actor id of the previous incarnation (shared by the
+  /// incarnations the factory makes), to restore from.
+  std::shared_ptr<std::string> last_id_ptr_;
+  std::string last_id_;
   std::string id_;
 };
 
@@ -77,8 +87,9 @@ ChildSpec remote_child_spec(const ClusterClient& cluster, std::string name, cons
   c.spawn.name = std::move(name);
   std::weak_ptr<Relay> weak = relay;
   auto client = cluster.state();
-  c.spawn.factory = [client, class_key, args, options, weak]() -> std::unique_ptr<ActorBase> {
-    return std::make_unique<cluster::RemoteChild>(client, class_key, args, options, weak);
+  auto last_id = std::make_shared<std::string>();
+  c.spawn.factory = [client, class_key, args, options, weak, last_id]() -> std::unique_ptr<ActorBase> {
+    return std::make_unique<cluster::RemoteChild>(client, class_key, args, options, weak, last_id);
   };
   c.spawn.relay = std::move(relay);
   return c;

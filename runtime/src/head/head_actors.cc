@@ -437,6 +437,12 @@ void HeadActor::create_on(Worker& w, const std::string& actor_id) {
   msg.snapshot_every = a.rec.spec.options.snapshot_every;
   if (a.rec.info.restarts > 0) {
     if (auto snap = store_->get("snap", actor_id); snap && *snap) msg.snapshot = std::move(**snap);
+  } else if (const std::string& from = a.rec.spec.options.restore_from; !from.empty()) {
+    if (auto snap = store_->get("snap", from); snap && *snap) {
+      // Its own until it takes one: a later restore_from of it has the state.
+      (void)store_->put("snap", actor_id, **snap);
+      msg.snapshot = std::move(**snap);
+    }
   }
   msg.head = self();
   std::string wid = w.rec.id;
@@ -564,11 +570,16 @@ void HeadActor::actor_dead(const std::string& id, const std::string& why, bool s
   pending_actors_.erase(std::remove(pending_actors_.begin(), pending_actors_.end(), id), pending_actors_.end());
   a.rec.info.state = "dead";
   a.rec.info.reason = why;
-  (void)write({{"actor", id, std::nullopt}, {"snap", id, std::nullopt}});
+  // Its snapshot stays while it is among the last dead ones (restore_from).
+  std::vector<Store::Change> gone{{"actor", id, std::nullopt}};
+  if (dead_actors_.size() >= kDeadActorsKept) {
+    gone.push_back({"snap", dead_actors_.front().id, std::nullopt});
+    dead_actors_.pop_front();
+  }
+  (void)write(std::move(gone));
   TROUPE_LOG(info, "event=actor_dead actor={} reason=\"{}\"", id, why);
   tell_watchers(a);
   answer_waiters(a, Status(ErrorCode::actor_dead, "actor " + id + " is dead: " + why));
-  if (dead_actors_.size() >= kDeadActorsKept) dead_actors_.pop_front();
   dead_actors_.push_back(a.rec.info);
   actors_.erase(it);
   if (freed) place_pending_actors();  // its resources are free: others may fit now
@@ -800,6 +811,15 @@ void HeadActor::load_actors() {
   for (const std::string& id : to_schedule) {
     // Restarted and pending ones are tried once agents are back.
     pending_actors_.push_back(id);
+  }
+  // Snapshots of actors that died before the restart: nobody can name them
+  // for restore_from any more (the list of the dead is not kept).
+  if (auto snaps = store_->all("snap")) {
+    std::vector<Store::Change> orphans;
+    for (auto& [id, body] : *snaps) {
+      if (!actors_.count(id)) orphans.push_back({"snap", id, std::nullopt});
+    }
+    if (!orphans.empty()) (void)store_->apply(orphans);
   }
   TROUPE_LOG(info, "event=actors_recovered actors={} workers={} to_place={}", actors_.size(), workers_.size(),
              pending_actors_.size());
