@@ -71,6 +71,9 @@ struct Ep {
   uint64_t local_tag = 0;
   uint64_t remote_tag = 0;  // known once the transport hello is answered
   std::vector<OutFrame> waiting;  // frames sent before that
+  /// A graceful close asked for while frames still waited for the tags: it
+  /// happens once they are handed to UCX (a refusal must reach the peer).
+  std::optional<Status> close_when_sent;
   /// Coalescing: while UCX still holds frames of this connection (the
   /// receiver's queue is full), small frames gather in `batch` and leave as
   /// one message when those complete. Frames go out one per message when
@@ -430,6 +433,12 @@ class UcxTransport final : public Transport {
     }
     for (auto& f : ep->waiting) (void)post_locked(*ep, std::move(f));
     ep->waiting.clear();
+    if (ep->close_when_sent) {
+      (void)flush_batch_locked(*ep);
+      // On the progress thread (a callback): the drop runs after it.
+      deferred_drops_.push_back({peer, std::move(*ep->close_when_sent), false});
+      ep->close_when_sent.reset();
+    }
   }
 
   void close(PeerId peer, std::string why) override {
@@ -724,6 +733,20 @@ class UcxTransport final : public Transport {
   /// was sent (a refusal, a goodbye) is flushed first.
   void drop(PeerId peer, Status why, bool force = false) {
     std::shared_ptr<Ep> ep;
+    if (!force) {
+      // A graceful close delivers what was sent before it (UCX's flush
+      // mode): frames still waiting for the connection's tags delay it until
+      // they can go (a refusal must reach the peer), and a gathered batch
+      // goes now.
+      if (auto e = find(peer)) {
+        std::lock_guard<std::mutex> lock(e->mu);
+        if (!e->closed && e->remote_tag == 0 && !e->waiting.empty()) {
+          e->close_when_sent = std::move(why);
+          return;
+        }
+        if (!e->closed && e->remote_tag != 0) (void)flush_batch_locked(*e);
+      }
+    }
     {
       std::lock_guard<std::mutex> lock(mu_);
       auto it = eps_.find(peer);
