@@ -38,7 +38,10 @@ struct RunAllReduce {
   uint8_t op = 0;
   uint8_t kind = 0;  // troupe::CollectiveKind
   uint32_t root = 0;
-  TROUPE_MESSAGE_NAMED(RunAllReduce, "test.coll.RunAllReduce", count, dtype, op, kind, root);
+  /// The rank that asks for `odd_count` elements instead (bad input).
+  uint32_t odd_rank = UINT32_MAX;
+  uint64_t odd_count = 0;
+  TROUPE_MESSAGE_NAMED(RunAllReduce, "test.coll.RunAllReduce", count, dtype, op, kind, root, odd_rank, odd_count);
 };
 struct MyPid {
   TROUPE_MESSAGE_NAMED(MyPid, "test.coll.MyPid");
@@ -66,7 +69,7 @@ class Reducer : public troupe::Actor<Reducer, SetGroup, RunAllReduce, MyPid> {
     auto reply = defer<std::vector<double>>();
     auto dtype = static_cast<DType>(m.dtype);
     auto kind = static_cast<troupe::CollectiveKind>(m.kind);
-    size_t n = m.count;
+    size_t n = group_.rank == m.odd_rank ? m.odd_count : m.count;
     // What this rank puts in: its pattern everywhere (reductions), only in
     // its own segment (allgather), or only at the root (broadcast).
     auto contributes = [&](size_t i) {
@@ -240,4 +243,19 @@ TEST_CASE("collectives: reduce_scatter, allgather, broadcast and barrier across 
   auto bad_root = run(troupe::CollectiveKind::broadcast, 4, 8);
   REQUIRE_FALSE(bad_root.ok());
   CHECK_THAT(bad_root.errors()[0].second.message(), Catch::Contains("root 8"));
+}
+
+TEST_CASE("collectives: ranks that disagree on a collective all fail with a clear error, at once", "[cluster][collectives]") {
+  CollectiveCluster c;
+  c.give_groups(c.mesh, 60s);
+  // Rank 3 asks for a different size: a programming error on one rank.
+  RunAllReduce bad{1000, static_cast<uint8_t>(DType::float32), static_cast<uint8_t>(ReduceOp::sum), 0, 0, 3, 999};
+  auto r = c.mesh.call(bad, 30s);
+  auto errors = r.errors();
+  REQUIRE(errors.size() == 8);
+  for (auto& [index, why] : errors) {
+    // Not the group's 60 s deadline: the rank that noticed told the others.
+    CHECK(why.code() == ErrorCode::invalid_argument);
+    CHECK_THAT(why.message(), Catch::Contains("disagree"));
+  }
 }

@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "collectives/reduce.h"
+#include "troupe/codec.h"
 #include "log.h"
 #include "mesh/proc_anchor.h"
 
@@ -22,6 +23,17 @@ AnyRef CollectiveGroup::engine(const AnyRef& self) const {
 namespace mesh {
 
 namespace {
+const char* kind_name(CollectiveKind kind) {
+  switch (kind) {
+    case CollectiveKind::allreduce: return "allreduce";
+    case CollectiveKind::reduce_scatter: return "reduce_scatter";
+    case CollectiveKind::allgather: return "allgather";
+    case CollectiveKind::broadcast: return "broadcast";
+    case CollectiveKind::barrier: return "barrier";
+  }
+  return "collective";
+}
+
 /// Largest chunk a ring step sends: big enough to amortise a message, small
 /// enough that several are in flight and a heartbeat is never held up long.
 constexpr size_t kChunkBytes = size_t{1} << 20;
@@ -117,6 +129,12 @@ Deferred<void> ProcAnchor::handle(const Collective& m) {
       }
       break;
   }
+  op.signature = codec::type_id(std::to_string(static_cast<int>(m.kind)) + "/" + std::to_string(m.count) + "/" +
+                                std::to_string(static_cast<int>(m.dtype)) + "/" + std::to_string(static_cast<int>(m.op)) +
+                                "/" + std::to_string(m.root));
+  op.what = std::string(kind_name(m.kind)) + " of " + std::to_string(m.count) + " " + std::string(dtype_name(m.dtype)) +
+            " (" + std::string(op_name(m.op)) + (m.kind == CollectiveKind::broadcast ? ", root " + std::to_string(m.root) : "") +
+            ")";
   op.data = static_cast<std::byte*>(m.data);
   op.count = m.count;
   op.dtype = m.dtype;
@@ -131,8 +149,10 @@ Deferred<void> ProcAnchor::handle(const Collective& m) {
     if (gi == groups_.end()) return;
     auto li = gi->second.ranks.find(rank);
     if (li == gi->second.ranks.end() || !li->second.ops.count(seq)) return;
-    break_group(id, Status(ErrorCode::timeout, "collectives: a collective of group " + id + " did not complete within " +
-                                                   std::to_string(gi->second.spec.timeout_ms) + " ms"));
+    break_group(id,
+                Status(ErrorCode::timeout, "collectives: a collective of group " + id + " did not complete within " +
+                                               std::to_string(gi->second.spec.timeout_ms) + " ms"),
+                /*tell_others=*/true);
   });
   if (m.kind == CollectiveKind::broadcast || m.kind == CollectiveKind::barrier) {
     pump_peers(g, rank, seq);
@@ -165,7 +185,8 @@ void ProcAnchor::pump(Group& g, uint32_t rank, uint64_t seq) {
     // Data that came before this rank called (or before its turn).
     auto early = lr.early.find({seq, op.next_recv});
     if (op.next_recv < steps.size() && op.next_recv < op.next_send && early != lr.early.end()) {
-      apply(op, op.next_recv, early->second);
+      if (!agrees(g, op, early->second.signature, early->second.from)) return;
+      apply(op, op.next_recv, early->second.bytes);
       lr.early.erase(early);
       ++op.next_recv;
       continue;
@@ -173,7 +194,7 @@ void ProcAnchor::pump(Group& g, uint32_t rank, uint64_t seq) {
     // A send may read what was received C steps before it.
     if (op.next_send < steps.size() && op.next_send < op.next_recv + op.schedule.chunks_per_step) {
       const collectives::RingStep& s = steps[op.next_send];
-      RingChunk chunk{g.spec.id, static_cast<uint32_t>(op.schedule.send_to), rank, seq, op.next_send, false,
+      RingChunk chunk{g.spec.id, static_cast<uint32_t>(op.schedule.send_to), rank, seq, op.next_send, false, op.signature,
                       std::string(reinterpret_cast<const char*>(op.data + s.send.offset_elems * width),
                                   s.send.len_elems * width)};
       (void)g.engines[op.schedule.send_to].tell(std::move(chunk));
@@ -195,11 +216,13 @@ void ProcAnchor::pump_peers(Group& g, uint32_t rank, uint64_t seq) {
     const PeerStep& s = op.peer_steps[op.next_peer_step];
     if (s.send) {
       (void)g.engines[s.peer].tell(
-          RingChunk{g.spec.id, s.peer, rank, seq, 0, true, std::string(reinterpret_cast<const char*>(op.data), bytes)});
+          RingChunk{g.spec.id, s.peer, rank, seq, 0, true, op.signature,
+                    std::string(reinterpret_cast<const char*>(op.data), bytes)});
     } else {
       auto got = lr.early_from.find({seq, s.peer});
       if (got == lr.early_from.end()) return;  // its data has not come yet
-      std::memcpy(op.data, got->second.data(), std::min(bytes, got->second.size()));
+      if (!agrees(g, op, got->second.signature, got->second.from)) return;
+      std::memcpy(op.data, got->second.bytes.data(), std::min(bytes, got->second.bytes.size()));
       lr.early_from.erase(got);
     }
     ++op.next_peer_step;
@@ -235,26 +258,49 @@ void ProcAnchor::handle(const RingChunk& m) {
   auto op = lr->second.ops.find(m.seq);
   if (m.tree) {
     // Broadcast and barrier: by sender; applied when the schedule gets there.
-    lr->second.early_from[{m.seq, m.from_rank}] = m.bytes;
+    lr->second.early_from[{m.seq, m.from_rank}] = LocalRank::Early{m.signature, m.from_rank, m.bytes};
     if (op != lr->second.ops.end()) pump_peers(g, m.to_rank, m.seq);
     return;
   }
   if (op == lr->second.ops.end() || op->second.next_recv != m.step || op->second.next_recv >= op->second.next_send) {
     // Before this rank called, or ahead of its turn: kept until then.
-    lr->second.early[{m.seq, m.step}] = m.bytes;
+    lr->second.early[{m.seq, m.step}] = LocalRank::Early{m.signature, m.from_rank, m.bytes};
     if (op != lr->second.ops.end()) pump(g, m.to_rank, m.seq);
     return;
   }
+  if (!agrees(g, op->second, m.signature, m.from_rank)) return;
   apply(op->second, m.step, m.bytes);
   ++op->second.next_recv;
   pump(g, m.to_rank, m.seq);
 }
 
-void ProcAnchor::break_group(const std::string& id, Status why) {
+bool ProcAnchor::agrees(Group& g, const Op& op, uint64_t signature, uint32_t from) {
+  if (signature == op.signature) return true;
+  break_group(g.spec.id, Status(ErrorCode::invalid_argument,
+                                "collectives: the ranks of group " + g.spec.id + " disagree: rank " + std::to_string(from) +
+                                    " is in another collective than this rank's " + op.what +
+                                    "; every rank must call the same collectives (kind, count, type, op, root) in "
+                                    "the same order"),
+              /*tell_others=*/true);
+  return false;
+}
+
+void ProcAnchor::handle(const GroupBroken& m) {
+  break_group(m.group, Status(ErrorCode::invalid_argument, m.why));
+}
+
+void ProcAnchor::break_group(const std::string& id, Status why, bool tell_others) {
   auto it = groups_.find(id);
   if (it == groups_.end() || !it->second.broken.ok()) return;
   Group& g = it->second;
   g.broken = why;
+  if (tell_others) {
+    std::set<uint64_t> told;
+    for (const AnyRef& e : g.engines) {
+      if (e == self() || !told.insert(e.id()).second) continue;
+      (void)e.tell(GroupBroken{id, why.message()});
+    }
+  }
   TROUPE_LOG(warn, "event=collective_group_broken group={} reason=\"{}\"", id, why.message());
   std::vector<Deferred<void>> failed;
   for (auto& [rank, lr] : g.ranks) {

@@ -70,11 +70,24 @@ struct RingChunk {
   uint64_t seq = 0;
   uint64_t step = 0;  // ring kinds: the step; tree kinds (broadcast, barrier): unused
   bool tree = false;  // from a broadcast or barrier: matched by sender, not step
+  /// What the sender was asked for (kind, count, type, op, root): ranks
+  /// that disagree fail the collective with a clear error, not garbage.
+  uint64_t signature = 0;
   std::string bytes;
-  TROUPE_MESSAGE_NAMED(RingChunk, "troupe.mesh.RingChunk", group, to_rank, from_rank, seq, step, tree, bytes);
+  TROUPE_MESSAGE_NAMED(RingChunk, "troupe.mesh.RingChunk", group, to_rank, from_rank, seq, step, tree, signature,
+                       bytes);
 };
 
-class ProcAnchor final : public Actor<ProcAnchor, AnchorPid, MeshCast, JoinGroup, Collective, RingChunk> {
+/// Engine -> the group's other engines: the group is broken (a rank saw
+/// disagreeing calls or ran out of time), so they fail at once too.
+struct GroupBroken {
+  std::string group;
+  std::string why;
+  TROUPE_MESSAGE_NAMED(GroupBroken, "troupe.mesh.GroupBroken", group, why);
+};
+
+class ProcAnchor final
+    : public Actor<ProcAnchor, AnchorPid, MeshCast, JoinGroup, Collective, RingChunk, GroupBroken> {
  public:
   /// `rank`: its place in the mesh, shown in the actor table.
   explicit ProcAnchor(uint64_t rank) { (void)rank; }
@@ -85,6 +98,7 @@ class ProcAnchor final : public Actor<ProcAnchor, AnchorPid, MeshCast, JoinGroup
   Result<void> handle(const JoinGroup& m);
   Deferred<void> handle(const Collective& m);
   void handle(const RingChunk& m);
+  void handle(const GroupBroken& m);
 
  private:
   /// One collective in progress for one local rank.
@@ -102,6 +116,8 @@ class ProcAnchor final : public Actor<ProcAnchor, AnchorPid, MeshCast, JoinGroup
     size_t count = 0;
     DType dtype = DType::float32;
     ReduceOp op = ReduceOp::sum;
+    uint64_t signature = 0;  // see RingChunk
+    std::string what;        // "allreduce of 1000 float32 (sum)", for errors
     size_t next_send = 0;  // steps sent so far
     size_t next_recv = 0;  // steps received and applied so far
     Deferred<void> reply;
@@ -109,8 +125,13 @@ class ProcAnchor final : public Actor<ProcAnchor, AnchorPid, MeshCast, JoinGroup
   struct LocalRank {
     uint64_t next_seq = 0;               // the next collective this rank calls
     std::map<uint64_t, Op> ops;          // by sequence number
-    std::map<std::pair<uint64_t, uint64_t>, std::string> early;  // ring: (seq, step) -> data before its turn
-    std::map<std::pair<uint64_t, uint32_t>, std::string> early_from;  // tree: (seq, from rank) -> data
+    struct Early {
+      uint64_t signature = 0;
+      uint32_t from = 0;
+      std::string bytes;
+    };
+    std::map<std::pair<uint64_t, uint64_t>, Early> early;  // ring: (seq, step) -> data before its turn
+    std::map<std::pair<uint64_t, uint32_t>, Early> early_from;  // tree: (seq, from rank) -> data
   };
   struct Group {
     CollectiveGroup spec;
@@ -128,8 +149,12 @@ class ProcAnchor final : public Actor<ProcAnchor, AnchorPid, MeshCast, JoinGroup
   /// Answers the collective (after the last step) and forgets it.
   void finish(Group& g, uint32_t rank, uint64_t seq);
   void apply(Op& op, size_t step, const std::string& bytes);
-  /// Fails every collective in progress in the group, for good.
-  void break_group(const std::string& id, Status why);
+  /// False (and the group broken with a clear error) when rank `from` sent
+  /// data for another collective than `op`.
+  bool agrees(Group& g, const Op& op, uint64_t signature, uint32_t from);
+  /// Fails every collective in progress in the group, for good; with
+  /// `tell_others`, the other engines of the group do the same.
+  void break_group(const std::string& id, Status why, bool tell_others = false);
 
   std::map<std::string, Group> groups_;
 };
