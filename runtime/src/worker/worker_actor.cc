@@ -123,7 +123,9 @@ int run_worker(const std::string& worker_id, const std::string& agent_address, c
     std::fprintf(stderr, "troupe worker %s: cannot listen on %s\n", worker_id.c_str(), listen.c_str());
     return 1;
   }
-  auto agent = rt.resolve_any(agent_address + "/troupe.agent", std::chrono::seconds(10));
+  // Up to most of the agent's 30 s start bound: a machine starting many
+  // workers at once (or running them under a sanitizer) is slow to answer.
+  auto agent = rt.resolve_any(agent_address + "/troupe.agent", std::chrono::seconds(25));
   if (!agent) {
     std::fprintf(stderr, "troupe worker %s: its agent at %s does not answer: %s\n", worker_id.c_str(),
                  agent_address.c_str(), agent.error().message().c_str());
