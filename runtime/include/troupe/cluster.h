@@ -292,8 +292,7 @@ class ClusterClient {
     using Class = detail::ActorClass<A, detail::wire_arg_t<Args>...>;
     (void)Class::registered;  // registers the class in every process of this program
     return spawn_encoded(Class::key(),
-                         codec::encode(std::tuple<detail::wire_arg_t<Args>...>(std::forward<Args>(args)...)), options,
-                         /*idempotent=*/true);
+                         codec::encode(std::tuple<detail::wire_arg_t<Args>...>(std::forward<Args>(args)...)), options);
   }
   /// Without waiting: many spawns in flight at once (as Ray's .remote()).
   template <class A, class... Args>
@@ -355,8 +354,7 @@ class ClusterClient {
  private:
   template <class R, class M>
   Result<R> call(const M& msg, std::chrono::milliseconds timeout, bool idempotent = true) const;
-  Result<ActorInfo> spawn_encoded(const std::string& class_key, std::string args, const ActorOptions& options,
-                                  bool idempotent) const;
+  Result<ActorInfo> spawn_encoded(const std::string& class_key, std::string args, const ActorOptions& options) const;
   Future<ActorInfo> spawn_encoded_async(const std::string& class_key, std::string args,
                                         const ActorOptions& options) const;
 

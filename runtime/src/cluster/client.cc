@@ -284,11 +284,11 @@ SpawnActor spawn_request(const ClusterClient::State& state, const std::string& c
 }
 
 Result<ActorInfo> ClusterClient::spawn_encoded(const std::string& class_key, std::string args,
-                                               const ActorOptions& options, bool idempotent) const {
+                                               const ActorOptions& options) const {
   // One request key for every attempt: a retry after a lost answer gets the
   // actor the first attempt made.
   return call<ActorInfo>(spawn_request(*state_, class_key, std::move(args), options),
-                         kSpawnTimeout + std::chrono::seconds(5), idempotent);
+                         kSpawnTimeout + std::chrono::seconds(5));
 }
 
 Future<ActorInfo> ClusterClient::spawn_encoded_async(const std::string& class_key, std::string args,

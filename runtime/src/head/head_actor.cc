@@ -42,13 +42,14 @@ void HeadActor::on_start() {
   after(config_.heartbeat / 2, [this] { tick(); });
 }
 
-namespace {
 std::string random_id(const char* prefix) {
   static thread_local std::mt19937_64 rng(std::random_device{}());
   char buf[32];
   std::snprintf(buf, sizeof(buf), "%s-%016llx", prefix, static_cast<unsigned long long>(rng()));
   return buf;
 }
+
+namespace {
 int64_t wall_ms() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
       .count();

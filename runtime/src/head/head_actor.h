@@ -34,6 +34,9 @@ struct HeadConfig {
   std::function<Result<AnyRef>(const std::string& address, uint64_t id)> ref_at;
 };
 
+/// "prefix-<16 random hex digits>": ids of groups, jobs, actors, workers.
+std::string random_id(const char* prefix);
+
 class HeadActor : public Actor<HeadActor, RegisterNode, NodeHeartbeat, CreatePlacementGroup, WaitPlacementGroup,
                                RemovePlacementGroup, GetClusterStatus, SubmitJob, GetJob, ReadJobLog, StopJob,
                                JobEnded, RegisterName, LookupName, UnregisterName, SpawnActor, GetActor, ListActors,

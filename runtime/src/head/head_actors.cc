@@ -3,11 +3,9 @@
 // through the agents, restarting actors by their options when they crash or
 // their process or node dies, and stopping owned actors with their owner.
 // Snapshots are kept in the store, so that a restart anywhere has them.
-#include <sys/wait.h>
-
 #include <algorithm>
-#include <random>
 
+#include "agent/process.h"
 #include "head/head_actor.h"
 #include "log.h"
 
@@ -16,13 +14,6 @@ namespace troupe::cluster {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-std::string random_actor_id(const char* prefix) {
-  static thread_local std::mt19937_64 rng(std::random_device{}());
-  char buf[32];
-  std::snprintf(buf, sizeof(buf), "%s-%016llx", prefix, static_cast<unsigned long long>(rng()));
-  return buf;
-}
 
 std::string name_key(const ActorOptions& o) { return o.ns + "/" + o.name; }
 
@@ -35,15 +26,6 @@ bool fits_in(const ResourceMap& bundle, const ResourceMap& used, const ResourceM
     if (free + 1e-9 < amount) return false;
   }
   return true;
-}
-
-std::string describe(const ResourceMap& r) {
-  std::string s;
-  for (auto& [k, v] : r) {
-    if (!s.empty()) s += ",";
-    s += k + "=" + fmt::format("{:g}", v);
-  }
-  return s.empty() ? "nothing" : s;
 }
 
 /// Errors after which creating the actor again cannot help.
@@ -140,7 +122,7 @@ Deferred<ActorInfo> HeadActor::handle(const SpawnActor& m) {
   // when the new head adopts its worker.
   ClusterActor a;
   a.rec.spec = spec;
-  a.rec.info.id = random_actor_id("actor");
+  a.rec.info.id = random_id("actor");
   a.rec.info.class_name = spec.class_key;
   a.rec.info.state = "pending";
   a.rec.info.options = o;
@@ -347,7 +329,7 @@ HeadActor::Worker* HeadActor::worker_for(const std::string& node, const ClusterA
     }
   }
   Worker w;
-  w.rec.id = random_actor_id("worker");
+  w.rec.id = random_id("worker");
   w.rec.node = node;
   w.rec.executable = program;
   w.rec.dedicated = dedicated;
@@ -612,9 +594,7 @@ void HeadActor::worker_dead(const std::string& worker_id, const std::string& why
 }
 
 void HeadActor::handle(const WorkerExited& m) {
-  worker_dead(m.worker_id, "exit code " + std::to_string(WIFEXITED(m.status)    ? WEXITSTATUS(m.status)
-                                                           : WIFSIGNALED(m.status) ? -WTERMSIG(m.status)
-                                                                                  : -1));
+  worker_dead(m.worker_id, "exit code " + std::to_string(exit_code_of(m.status)));
 }
 
 void HeadActor::handle(const ActorExited& m) {

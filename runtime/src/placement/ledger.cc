@@ -12,6 +12,8 @@ namespace {
 // 0.1 + 0.2 of a GPU still fits in 0.3.
 constexpr double kEpsilon = 1e-9;
 
+}  // namespace
+
 std::string describe(const ResourceMap& r) {
   std::string s = "{";
   for (auto& [k, v] : r) {
@@ -22,7 +24,6 @@ std::string describe(const ResourceMap& r) {
   }
   return s + "}";
 }
-}  // namespace
 
 /// Free resources of the nodes one attempt has touched, on top of the ledger.
 struct Ledger::Scratch {

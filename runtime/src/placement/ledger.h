@@ -22,6 +22,9 @@ namespace troupe::cluster {
 using NodeIndex = uint32_t;
 inline constexpr NodeIndex kNoNode = UINT32_MAX;
 
+/// "{CPU: 2, GPU: 0.5}": resource amounts for messages.
+std::string describe(const ResourceMap& r);
+
 /// Resource amounts as a dense vector indexed by interned resource id.
 using Amounts = std::vector<double>;
 
