@@ -3,8 +3,13 @@
 // worker processes (this executable, started by the agents), float32 sum of
 // 1 MiB to 256 MiB. Reported as nccl-tests does: bus bandwidth = algorithm
 // bandwidth (bytes / time) x 2(n-1)/n, against the machine's memcpy
-// bandwidth measured in the same run. BENCH_TRANSPORT=ucx runs the cluster
-// over UCX (shared memory between processes here) instead of TCP.
+// bandwidth measured in the same run. Each size runs twice: on a group whose
+// chunks go through shared memory between the processes (the default, "shm")
+// and on one that keeps them in messages over the transport ("messages", as
+// between hosts); BENCH_COLLECTIVES_PATH=shm or =messages runs only one.
+// BENCH_TRANSPORT=ucx runs the cluster over UCX instead of TCP. For profiling
+// one case: BENCH_COLLECTIVES_MIB=64 (one size), BENCH_COLLECTIVES_N=4,
+// BENCH_COLLECTIVES_CHUNK_KIB=256 (GroupOptions::chunk_bytes).
 #include <unistd.h>
 
 #include <chrono>
@@ -30,24 +35,28 @@ namespace {
 
 constexpr const char* kToken = "collectives-bench-token";
 
+/// Group `which` (0: shared memory, 1: messages) of this member.
 struct SetGroup {
   troupe::CollectiveGroup group;
-  TROUPE_MESSAGE_NAMED(SetGroup, "bench.coll.SetGroup", group);
+  uint32_t which = 0;
+  TROUPE_MESSAGE_NAMED(SetGroup, "bench.coll.SetGroup", group, which);
 };
 struct Run {
   uint64_t count = 0;
-  TROUPE_MESSAGE_NAMED(Run, "bench.coll.Run", count);
+  uint32_t which = 0;
+  TROUPE_MESSAGE_NAMED(Run, "bench.coll.Run", count, which);
 };
 
 /// A member: keeps a buffer of the size asked for and allreduces it.
 class Reducer : public troupe::Actor<Reducer, SetGroup, Run> {
  public:
-  void handle(const SetGroup& m) { group_ = m.group; }
+  void handle(const SetGroup& m) { groups_[m.which % 2] = m.group; }
   troupe::Deferred<void> handle(const Run& m) {
     auto reply = defer<void>();
     if (buf_.size() != m.count) buf_.assign(m.count, 1.0f);
-    ask<void>(group_.engine(self()),
-              troupe::AllReduce{group_.id, group_.rank, buf_.data(), buf_.size(), troupe::DType::float32,
+    const troupe::CollectiveGroup& group = groups_[m.which % 2];
+    ask<void>(group.engine(self()),
+              troupe::AllReduce{group.id, group.rank, buf_.data(), buf_.size(), troupe::DType::float32,
                                 troupe::ReduceOp::sum},
               std::chrono::minutes(5))
         .then([reply](troupe::Result<void> r) mutable { r ? reply.complete() : reply.fail(r.error()); });
@@ -55,7 +64,7 @@ class Reducer : public troupe::Actor<Reducer, SetGroup, Run> {
   }
 
  private:
-  troupe::CollectiveGroup group_;
+  troupe::CollectiveGroup groups_[2];
   std::vector<float> buf_;
 };
 
@@ -81,6 +90,7 @@ int main(int argc, char** argv) {
   bool quick = troupe::bench::quick(argc, argv);
   const char* transport_env = std::getenv("BENCH_TRANSPORT");
   std::string transport = transport_env ? transport_env : "tcp";
+  const char* only = std::getenv("BENCH_COLLECTIVES_PATH");
   auto fail = [&](const std::string& why) {
     std::fprintf(stderr, "collectives_bench: %s\n", why.c_str());
     return 1;
@@ -98,7 +108,10 @@ int main(int argc, char** argv) {
   if (!cluster) return fail(cluster.error().to_string());
 
   std::vector<size_t> sizes_mib = quick ? std::vector<size_t>{1, 16} : std::vector<size_t>{1, 4, 16, 64, 256};
-  for (size_t n : {size_t{4}, size_t{8}}) {
+  std::vector<size_t> ns{4, 8};
+  if (const char* e = std::getenv("BENCH_COLLECTIVES_MIB")) sizes_mib = {std::stoul(e)};
+  if (const char* e = std::getenv("BENCH_COLLECTIVES_N")) ns = {std::stoul(e)};
+  for (size_t n : ns) {
     troupe::PlacementGroupSpec spec;
     spec.strategy = troupe::PlacementStrategy::spread;
     spec.bundles.assign(n, troupe::Bundle{{{"CPU", 1}}});
@@ -108,25 +121,33 @@ int main(int argc, char** argv) {
     if (!procs) return fail(procs.error().to_string());
     auto mesh = procs->spawn<Reducer>({});
     if (!mesh) return fail(mesh.error().to_string());
-    auto groups = mesh->make_group(std::chrono::minutes(5));
-    if (!groups) return fail(groups.error().to_string());
-    for (size_t i = 0; i < n; ++i) (void)mesh->member(i).ask(SetGroup{(*groups)[i]}).get();
+    for (uint32_t which : {0u, 1u}) {
+      troupe::GroupOptions options{.timeout = std::chrono::minutes(5), .shared_memory = which == 0};
+      if (const char* e = std::getenv("BENCH_COLLECTIVES_CHUNK_KIB")) options.chunk_bytes = std::stoul(e) << 10;
+      auto groups = mesh->make_group(options);
+      if (!groups) return fail(groups.error().to_string());
+      for (size_t i = 0; i < n; ++i) (void)mesh->member(i).ask(SetGroup{(*groups)[i], which}).get();
+    }
     for (size_t mib : sizes_mib) {
       size_t bytes = mib << 20;
-      int iters = mib >= 64 ? 3 : quick ? 3 : 10;
-      (void)mesh->call(Run{bytes / 4}, std::chrono::minutes(5));  // warm-up: buffers allocated, pages touched
-      std::vector<double> secs;
-      for (int i = 0; i < iters; ++i) {
-        auto t0 = Clock::now();
-        auto r = mesh->call(Run{bytes / 4}, std::chrono::minutes(5));
-        if (!r.ok()) return fail("allreduce failed: " + r.errors()[0].second.to_string());
-        secs.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+      for (uint32_t which : {0u, 1u}) {
+        if (only != nullptr && std::string(only) != (which == 0 ? "shm" : "messages")) continue;
+        int iters = mib >= 64 ? 3 : quick ? 3 : 10;
+        (void)mesh->call(Run{bytes / 4, which}, std::chrono::minutes(5));  // warm-up: buffers allocated, pages touched
+        std::vector<double> secs;
+        for (int i = 0; i < iters; ++i) {
+          auto t0 = Clock::now();
+          auto r = mesh->call(Run{bytes / 4, which}, std::chrono::minutes(5));
+          if (!r.ok()) return fail("allreduce failed: " + r.errors()[0].second.to_string());
+          secs.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+        }
+        double t = quantile(secs, 0.5);
+        double busbw = bytes / t * 2.0 * static_cast<double>(n - 1) / static_cast<double>(n);
+        std::string metric = "busbw_" + std::to_string(mib) + "MiB_n" + std::to_string(n) + "_" + transport +
+                             (which == 0 ? "_shm" : "_messages");
+        emit("collectives.allreduce_cpu", metric, busbw / 1e9, "GB/s", "memcpy bandwidth of this machine (this run)",
+             memcpy_bps / 1e9, mib >= 64 ? "ratio >= 0.5" : "report");
       }
-      double t = quantile(secs, 0.5);
-      double busbw = bytes / t * 2.0 * static_cast<double>(n - 1) / static_cast<double>(n);
-      std::string metric = "busbw_" + std::to_string(mib) + "MiB_n" + std::to_string(n) + "_" + transport;
-      emit("collectives.allreduce_cpu", metric, busbw / 1e9, "GB/s", "memcpy bandwidth of this machine (this run)",
-           memcpy_bps / 1e9, mib >= 64 ? "ratio >= 0.5" : "report");
     }
     (void)procs->stop();
     (void)cluster->remove_placement_group(*pg);

@@ -1,5 +1,7 @@
 // The [gpu] suite's entry point: where no GPU is present every test reports
-// as skipped (ctest's SKIP_RETURN_CODE), not as passed.
+// as skipped (ctest's SKIP_RETURN_CODE), not as passed. The mesh tests'
+// worker processes are this executable, started by node agents: it serves as
+// one first when started as one.
 #define CATCH_CONFIG_RUNNER
 #include <cuda_runtime_api.h>
 
@@ -8,7 +10,10 @@
 
 #include <catch2/catch.hpp>
 
+#include "troupe/worker.h"
+
 int main(int argc, char** argv) {
+  troupe::serve_if_worker();
   bool listing = false;
   for (int i = 1; i < argc; ++i) listing |= std::strncmp(argv[i], "--list", 6) == 0;
   int devices = 0;

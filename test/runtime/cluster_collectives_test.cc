@@ -14,6 +14,7 @@
 
 #include <catch2/catch.hpp>
 
+#include "mesh/proc_anchor.h"
 #include "support/local_cluster.h"
 #include "troupe/collective_group.h"
 #include "troupe/mesh.h"
@@ -46,6 +47,10 @@ struct RunAllReduce {
 struct MyPid {
   TROUPE_MESSAGE_NAMED(MyPid, "test.coll.MyPid");
 };
+/// How the chunks of the member's group came to its process: {in slots, in messages}.
+struct ChunkCounts {
+  TROUPE_MESSAGE_NAMED(ChunkCounts, "test.coll.ChunkCounts");
+};
 
 /// The rank whose segment element i is in (the layout reduce_scatter and
 /// allgather document).
@@ -60,10 +65,19 @@ uint32_t owner_of(size_t i, size_t count, uint32_t ranks) {
 
 double pattern(uint32_t rank, size_t i) { return static_cast<double>((rank + 1) * 3 + static_cast<int>(i % 11)) * 0.5; }
 
-class Reducer : public troupe::Actor<Reducer, SetGroup, RunAllReduce, MyPid> {
+class Reducer : public troupe::Actor<Reducer, SetGroup, RunAllReduce, MyPid, ChunkCounts> {
  public:
   void handle(const SetGroup& m) { group_ = m.group; }
   int64_t handle(const MyPid&) { return getpid(); }
+  troupe::Deferred<std::vector<uint64_t>> handle(const ChunkCounts&) {
+    auto reply = defer<std::vector<uint64_t>>();
+    ask<troupe::mesh::GroupCounters>(group_.engine(self()), troupe::mesh::GroupStats{group_.id})
+        .then([reply](troupe::Result<troupe::mesh::GroupCounters> r) mutable {
+          if (!r) return reply.fail(r.error());
+          reply.complete(std::vector<uint64_t>{r->chunks_in_slots, r->chunks_in_messages});
+        });
+    return reply;
+  }
 
   troupe::Deferred<std::vector<double>> handle(const RunAllReduce& m) {
     auto reply = defer<std::vector<double>>();
@@ -130,17 +144,20 @@ struct CollectiveCluster : EightProcessMesh {
   troupe::ActorMesh<Reducer> mesh = procs.spawn<Reducer>({.max_restarts = -1}).value();
 
   void give_groups(const troupe::ActorMesh<Reducer>& view, std::chrono::milliseconds timeout = 30s) {
-    auto groups = view.make_group(timeout).value();
+    give_groups(view, troupe::GroupOptions{.timeout = timeout});
+  }
+  void give_groups(const troupe::ActorMesh<Reducer>& view, const troupe::GroupOptions& options) {
+    auto groups = view.make_group(options).value();
     for (size_t i = 0; i < view.size(); ++i) REQUIRE(view.member(i).ask(SetGroup{groups[i]}).get().has_value());
   }
 };
 
 }  // namespace
 
-TEST_CASE("collectives: allreduce across 8 processes matches the reference for sizes, ops and types",
+TEST_CASE("collectives: allreduce across 8 processes matches the reference for sizes, ops and types, on every "
+          "data path",
           "[cluster][collectives]") {
   CollectiveCluster c;
-  c.give_groups(c.mesh);
   struct Case {
     size_t count;
     DType dtype;
@@ -151,16 +168,29 @@ TEST_CASE("collectives: allreduce across 8 processes matches the reference for s
                              {1001, DType::float32, ReduceOp::min},   {4099, DType::float32, ReduceOp::avg},
                              {300'001, DType::float32, ReduceOp::sum}, {1003, DType::int32, ReduceOp::sum},
                              {1003, DType::int32, ReduceOp::avg}};
-  for (auto& k : cases) {
-    INFO("count " << k.count << " dtype " << troupe::dtype_name(k.dtype) << " op " << troupe::op_name(k.op));
-    auto results = c.mesh.call(RunAllReduce{k.count, static_cast<uint8_t>(k.dtype), static_cast<uint8_t>(k.op)}, 60s);
-    REQUIRE(results.ok());
-    for (size_t m = 0; m < results.size(); ++m) {
-      const auto& got = *results[m];
-      REQUIRE(got.size() == k.count);
-      size_t wrong = 0;
-      for (size_t i = 0; i < k.count; ++i) wrong += got[i] != expected(k.dtype, k.op, 8, i);
-      CHECK(wrong == 0);
+  // Shared memory with 1 MiB chunks; with 4 KiB chunks (37 per segment of
+  // the largest case, more than the 8 slots: senders wait for slots back);
+  // and messages only.
+  struct Path {
+    const char* name;
+    troupe::GroupOptions options;
+  };
+  for (const Path& path : {Path{"shared memory", {}}, Path{"shared memory, 4 KiB chunks", {.chunk_bytes = 4096}},
+                           Path{"messages", {.shared_memory = false}}}) {
+    c.give_groups(c.mesh, path.options);
+    for (auto& k : cases) {
+      INFO(path.name << ": count " << k.count << " dtype " << troupe::dtype_name(k.dtype) << " op "
+                     << troupe::op_name(k.op));
+      auto results =
+          c.mesh.call(RunAllReduce{k.count, static_cast<uint8_t>(k.dtype), static_cast<uint8_t>(k.op)}, 60s);
+      REQUIRE(results.ok());
+      for (size_t m = 0; m < results.size(); ++m) {
+        const auto& got = *results[m];
+        REQUIRE(got.size() == k.count);
+        size_t wrong = 0;
+        for (size_t i = 0; i < k.count; ++i) wrong += got[i] != expected(k.dtype, k.op, 8, i);
+        CHECK(wrong == 0);
+      }
     }
   }
   // A slice is a group of its own: host 1's four members.
@@ -201,6 +231,44 @@ TEST_CASE("collectives: a member's process killed during an allreduce fails it o
   auto again = c.mesh.call(RunAllReduce{1001, static_cast<uint8_t>(DType::float32), static_cast<uint8_t>(ReduceOp::sum)});
   REQUIRE(again.ok());
   for (size_t i = 0; i < 1001; ++i) CHECK((*again[7])[i] == expected(DType::float32, ReduceOp::sum, 8, i));
+}
+
+TEST_CASE("collectives: ranks on one host exchange chunks through shared memory; a group without it uses messages",
+          "[cluster][collectives]") {
+  CollectiveCluster c;
+  // 8 ranks, 64 KiB chunks, 80,000 floats: 40,000-byte segments, one chunk
+  // per ring step, 2 x 7 steps per allreduce on every rank.
+  const uint64_t steps = 14;
+  auto allreduce = [&] {
+    auto r = c.mesh.call(RunAllReduce{80'000, static_cast<uint8_t>(DType::float32), static_cast<uint8_t>(ReduceOp::sum)});
+    INFO((r.ok() ? std::string("ok") : r.errors()[0].second.to_string()));
+    REQUIRE(r.ok());
+    for (size_t i = 0; i < 80'000; i += 997) CHECK((*r[5])[i] == expected(DType::float32, ReduceOp::sum, 8, i));
+  };
+  auto counts = [&] { return c.mesh.call(ChunkCounts{}); };
+
+  c.give_groups(c.mesh, troupe::GroupOptions{.chunk_bytes = 64 << 10});
+  allreduce();
+  allreduce();
+  auto shm = counts();
+  REQUIRE(shm.ok());
+  for (size_t m = 0; m < 8; ++m) {
+    INFO("member " << m);
+    // All of them once the next rank has mapped the slots it was offered
+    // (at most the first allreduce's chunks can go before that).
+    CHECK((*shm[m])[0] + (*shm[m])[1] == 2 * steps);
+    CHECK((*shm[m])[0] >= steps);
+  }
+
+  c.give_groups(c.mesh, troupe::GroupOptions{.shared_memory = false});
+  allreduce();
+  auto messages = counts();
+  REQUIRE(messages.ok());
+  for (size_t m = 0; m < 8; ++m) {
+    INFO("member " << m);
+    CHECK((*messages[m])[0] == 0);
+    CHECK((*messages[m])[1] == steps);
+  }
 }
 
 TEST_CASE("collectives: reduce_scatter, allgather, broadcast and barrier across 8 processes", "[cluster][collectives]") {

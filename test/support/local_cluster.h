@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <memory>
 #include <string>
@@ -33,6 +34,8 @@ struct TempHome {
                   ("troupe-cluster-" + std::to_string(getpid()) + "-" +
                    std::to_string(Clock::now().time_since_epoch().count()));
   ~TempHome() {
+    // TROUPE_TEST_KEEP_HOME=1 keeps the daemons' and workers' logs to read.
+    if (const char* keep = std::getenv("TROUPE_TEST_KEEP_HOME"); keep != nullptr && std::string(keep) == "1") return;
     std::error_code ec;
     fs::remove_all(path, ec);
   }

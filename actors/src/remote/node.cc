@@ -593,6 +593,10 @@ void Node::handle_frame(transport::PeerId id, transport::InFrame frame) {
         transport_->close(id, "refused: " + problem);
         return;
       }
+      // The reply is the first frame on the connection, before the peer is
+      // findable by its address: from then on other threads may send on it
+      // (a monitor, a message), and the dialer takes nothing before it.
+      (void)send_frame(*peer, wire::HelloReply{true, node_id_, address_, ""}, {});
       peer->ready = true;
       peer->address = hello->listen_address;
       peer->node_id = hello->node_id;
@@ -619,7 +623,6 @@ void Node::handle_frame(transport::PeerId id, transport::InFrame frame) {
         transport_->close(old, "superseded: the node dialed again (what was still in flight on the old "
                                "connection is dropped, so that order holds)");
       }
-      (void)send_frame(*peer, wire::HelloReply{true, node_id_, address_, ""}, {});
       return;
     }
     const auto* reply = std::get_if<wire::HelloReply>(&frame.message);

@@ -46,11 +46,32 @@ struct CollectiveGroup {
   std::vector<EngineAt> engines;
   /// How long a collective may take before it fails on every rank.
   int64_t timeout_ms = 30'000;
-  TROUPE_FIELDS(id, rank, size, engines, timeout_ms);
+  /// Ranks whose processes share a host move their data through shared
+  /// memory (one copy per chunk); false: always by messages over the
+  /// transport (GroupOptions::shared_memory).
+  bool shared_memory = true;
+  /// The largest piece of a ring step (GroupOptions::chunk_bytes).
+  uint64_t chunk_bytes = uint64_t{1} << 20;
+  TROUPE_FIELDS(id, rank, size, engines, timeout_ms, shared_memory, chunk_bytes);
 
   /// The engine of the calling actor's process (`self`: the caller's own
   /// ref, from which its runtime is found); empty when unknown.
   AnyRef engine(const AnyRef& self) const;
+};
+
+/// How ActorMesh::make_group makes a group.
+struct GroupOptions {
+  /// How long one collective may take before it fails on every rank.
+  std::chrono::milliseconds timeout = std::chrono::seconds(30);
+  /// Engines on one host exchange chunks through shared memory (the next
+  /// rank's slots, mapped by the rank before it); false keeps every chunk
+  /// in messages over the transport, as between hosts (to compare the two).
+  bool shared_memory = true;
+  /// The largest piece a ring step sends at once (4 KiB to 64 MiB): a
+  /// segment of more is pipelined in chunks of this size, and each rank
+  /// offers the one before it 8 slots of it. Large enough to amortise a
+  /// message, small enough that several are in flight.
+  uint64_t chunk_bytes = uint64_t{1} << 20;
 };
 
 /// Which collective a Collective message asks for.

@@ -198,7 +198,7 @@ namespace detail {
 Status supervise_mesh(const MeshMembers& members, const AnyRef& owner);
 /// Makes a collective group of the view's members (see make_group).
 Result<std::vector<CollectiveGroup>> make_group(const MeshMembers& members, const Shape& view,
-                                                std::chrono::milliseconds timeout);
+                                                const GroupOptions& options);
 /// A cast to the members of `view`: down a tree of the processes' anchors.
 Status mesh_cast(const MeshMembers& members, const Shape& view, MessageBox box);
 }  // namespace detail
@@ -291,7 +291,11 @@ class ActorMesh {
   /// messages). `timeout` bounds each collective of the group. Fails when a
   /// member's process is between incarnations (try again once it is back).
   Result<std::vector<CollectiveGroup>> make_group(std::chrono::milliseconds timeout = std::chrono::seconds(30)) const {
-    return detail::make_group(*members_, shape_, timeout);
+    return detail::make_group(*members_, shape_, GroupOptions{.timeout = timeout});
+  }
+  /// The same, with options (e.g. without the shared-memory data path).
+  Result<std::vector<CollectiveGroup>> make_group(const GroupOptions& options) const {
+    return detail::make_group(*members_, shape_, options);
   }
 
   /// Makes `owner` (an actor of this process that handles MeshFailure) the

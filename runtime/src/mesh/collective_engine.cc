@@ -1,10 +1,14 @@
 // The collective engine of a mesh process (ProcAnchor's collective
 // handlers): ring allreduce between the processes' engines, the schedule
 // from collectives/ring.h, the arithmetic from collectives/reduce.h. Each
-// chunk travels as a message to the next rank's engine; C chunk steps are in
-// flight at once (the schedule says when a send may read what was received).
-// A dead peer engine, or the group's deadline, fails every collective in
-// progress on the surviving ranks, and breaks the group.
+// chunk goes to the next rank's engine as a message, with its bytes, or,
+// when both are on one host, written into a shared-memory slot of the next
+// rank (collectives/shm_slots.h) with a small message saying which; the
+// receiver reads it from there and gives the slot back. C chunk steps are in
+// flight at once (the schedule says when a send may read what was
+// received), bounded by the free slots. A dead peer engine, or the group's
+// deadline, fails every collective in progress on the surviving ranks, and
+// breaks the group.
 #include <cstring>
 
 #include "collectives/reduce.h"
@@ -34,13 +38,23 @@ const char* kind_name(CollectiveKind kind) {
   return "collective";
 }
 
-/// Largest chunk a ring step sends: big enough to amortise a message, small
-/// enough that several are in flight and a heartbeat is never held up long.
-constexpr size_t kChunkBytes = size_t{1} << 20;
+/// Bounds on a group's chunk size (GroupOptions::chunk_bytes): a page at
+/// least (slots are pages), and small enough that a heartbeat is never held
+/// up long behind a chunk.
+constexpr uint64_t kMinChunkBytes = 4096;
+constexpr uint64_t kMaxChunkBytes = uint64_t{64} << 20;
+/// Slots of a chunk each rank offers the rank before it: chunks it may
+/// have written and not yet seen read. With credits no ring deadlocks (the
+/// rank that has sent least can always go on), so this only bounds memory.
+constexpr uint32_t kSlots = 8;
 }  // namespace
 
 Result<void> ProcAnchor::handle(const JoinGroup& m) {
   const CollectiveGroup& spec = m.group;
+  if (spec.chunk_bytes < kMinChunkBytes || spec.chunk_bytes > kMaxChunkBytes) {
+    return error(ErrorCode::invalid_argument, "collectives: group " + spec.id + ": chunk_bytes " +
+                                                  std::to_string(spec.chunk_bytes) + " is outside [4 KiB, 64 MiB]");
+  }
   if (spec.size == 0 || spec.rank >= spec.size || spec.engines.size() != spec.size) {
     return error(ErrorCode::invalid_argument, "collectives: group " + spec.id + " is malformed (rank " +
                                                   std::to_string(spec.rank) + " of " + std::to_string(spec.size) +
@@ -67,13 +81,74 @@ Result<void> ProcAnchor::handle(const JoinGroup& m) {
       std::string id = spec.id;
       std::string where = spec.engines[r].address;
       g.monitors.push_back(monitor(g.engines[r], [this, id, r, where](const Down& d) {
-        break_group(id, Status(ErrorCode::peer_lost, "collectives: rank " + std::to_string(r) + "'s process (" +
-                                                         where + ") is gone: " + d.reason.to_string()));
+        // The others are told too: a connection lost between two processes
+        // only is seen by those two, and the rest would wait for the deadline.
+        break_group(id,
+                    Status(ErrorCode::peer_lost, "collectives: rank " + std::to_string(r) + "'s process (" + where +
+                                                     ") is gone: " + d.reason.to_string()),
+                    /*tell_others=*/true);
       }));
     }
   }
   g.ranks[spec.rank];  // this process hosts that rank
+  if (spec.shared_memory && spec.size > 1) offer_slots(g, spec.rank);
   return {};
+}
+
+void ProcAnchor::offer_slots(Group& g, uint32_t rank) {
+  auto segment = collectives::SlotSegment::create(kSlots, g.spec.chunk_bytes);
+  if (!segment) {
+    TROUPE_LOG(info, "event=collective_slots_unavailable group={} rank={} reason=\"{}\"", g.spec.id, rank,
+               segment.error().message());
+    return;
+  }
+  uint32_t prev = (rank + g.spec.size - 1) % g.spec.size;
+  (void)g.engines[prev].tell(SlotsOffered{g.spec.id, prev, rank, segment->offer()});
+  g.inboxes[rank] = std::move(*segment);
+}
+
+void ProcAnchor::handle(const SlotsOffered& m) {
+  Group& g = groups_[m.group];  // the offer may come before this engine's JoinGroup
+  if (!g.broken.ok() || g.outboxes.count(m.to_rank)) return;
+  auto segment = collectives::SlotSegment::open(m.offer);
+  if (!segment) {
+    // Another host (or no access): chunks go in messages, as they would.
+    TROUPE_LOG(debug, "event=collective_slots_unreachable group={} rank={} reason=\"{}\"", m.group, m.to_rank,
+               segment.error().message());
+    return;
+  }
+  Group::Outbox& out = g.outboxes[m.to_rank];
+  for (uint32_t i = segment->slots(); i-- > 0;) out.free.push_back(i);
+  out.segment = std::move(*segment);
+}
+
+Result<GroupCounters> ProcAnchor::handle(const GroupStats& m) {
+  auto it = groups_.find(m.group);
+  if (it == groups_.end()) return error(ErrorCode::not_found, "collectives: group " + m.group + " is unknown here");
+  return it->second.counters;
+}
+
+void ProcAnchor::handle(const SlotFree& m) {
+  auto it = groups_.find(m.group);
+  if (it == groups_.end() || !it->second.broken.ok()) return;
+  Group& g = it->second;
+  auto out = g.outboxes.find(m.to_rank);
+  if (out == g.outboxes.end() || m.slot >= out->second.segment.slots() ||
+      out->second.free.size() >= out->second.segment.slots()) {
+    break_group(m.group, Status(ErrorCode::malformed, "collectives: group " + m.group + ": rank " +
+                                                          std::to_string(m.to_rank) + " got back a slot it never used"),
+                /*tell_others=*/true);
+    return;
+  }
+  out->second.free.push_back(m.slot);
+  // Ring collectives of that rank waiting for a slot go on, oldest first.
+  auto lr = g.ranks.find(m.to_rank);
+  if (lr == g.ranks.end()) return;
+  std::vector<uint64_t> waiting;
+  for (auto& [seq, op] : lr->second.ops) {
+    if (!op.schedule.steps.empty()) waiting.push_back(seq);
+  }
+  for (uint64_t seq : waiting) pump(g, m.to_rank, seq);
 }
 
 Deferred<void> ProcAnchor::handle(const Collective& m) {
@@ -103,11 +178,30 @@ Deferred<void> ProcAnchor::handle(const Collective& m) {
                                                        m.group + " (" + std::to_string(g.spec.size) + " ranks)"));
     return reply;
   }
+  // CUDA memory goes to NCCL, which needs one rank per process (one GPU
+  // each) and, for the segmented kinds, a count the ranks divide.
+  bool gpu = m.count > 0 && collectives::NcclComm::is_device_pointer(m.data);
+  if (gpu) {
+    if (g.ranks.size() != 1) {
+      reply.fail(Status(ErrorCode::invalid_argument,
+                        "collectives: group " + m.group + ": collectives on CUDA memory (NCCL) need one rank per "
+                        "process, and this one hosts " + std::to_string(g.ranks.size()) +
+                        "; make the group of a mesh with one member per process"));
+      return reply;
+    }
+    if (auto seg = collectives::nccl_in_place_segment(m.kind, m.count, g.spec.size, m.rank); !seg) {
+      reply.fail(seg.error());
+      return reply;
+    }
+  }
   uint64_t seq = lr->second.next_seq++;
   Op& op = lr->second.ops[seq];
   op.kind = m.kind;
-  size_t chunk_elems = std::max<size_t>(1, kChunkBytes / dtype_size(m.dtype));
-  switch (m.kind) {
+  op.gpu = gpu;
+  op.root = m.root;
+  size_t chunk_elems = std::max<size_t>(1, g.spec.chunk_bytes / dtype_size(m.dtype));
+  // The CPU schedules (NCCL runs its own).
+  if (!gpu) switch (m.kind) {
     case CollectiveKind::allreduce:
       op.schedule = collectives::ring_allreduce_schedule(g.spec.size, m.rank, m.count, chunk_elems);
       break;
@@ -154,7 +248,9 @@ Deferred<void> ProcAnchor::handle(const Collective& m) {
                                                std::to_string(gi->second.spec.timeout_ms) + " ms"),
                 /*tell_others=*/true);
   });
-  if (m.kind == CollectiveKind::broadcast || m.kind == CollectiveKind::barrier) {
+  if (gpu) {
+    gpu_progress(id);
+  } else if (m.kind == CollectiveKind::broadcast || m.kind == CollectiveKind::barrier) {
     pump_peers(g, rank, seq);
   } else {
     pump(g, rank, seq);
@@ -162,16 +258,39 @@ Deferred<void> ProcAnchor::handle(const Collective& m) {
   return reply;
 }
 
-void ProcAnchor::apply(Op& op, size_t step, const std::string& bytes) {
+bool ProcAnchor::apply(Group& g, uint32_t rank, Op& op, size_t step, uint32_t from, const std::string& bytes,
+                       uint32_t slot, uint64_t slot_bytes) {
   const collectives::RingStep& s = op.schedule.steps[step];
   size_t width = dtype_size(op.dtype);
-  std::byte* at = op.data + s.recv.offset_elems * width;
-  size_t n = std::min(s.recv.len_elems, bytes.size() / width);
-  if (s.recv_mode == collectives::RecvMode::reduce) {
-    collectives::reduce_into(op.dtype, op.op, at, reinterpret_cast<const std::byte*>(bytes.data()), n);
-  } else {
-    std::memcpy(at, bytes.data(), n * width);
+  const std::byte* src = reinterpret_cast<const std::byte*>(bytes.data());
+  size_t have = bytes.size();
+  if (slot > 0) {
+    auto inbox = g.inboxes.find(rank);
+    if (inbox == g.inboxes.end() || slot > inbox->second.slots() || slot_bytes > inbox->second.slot_bytes()) {
+      break_group(g.spec.id, Status(ErrorCode::malformed, "collectives: group " + g.spec.id + ": rank " +
+                                                              std::to_string(from) + " wrote to slot " +
+                                                              std::to_string(slot) + ", which rank " +
+                                                              std::to_string(rank) + " never offered"),
+                  /*tell_others=*/true);
+      return false;
+    }
+    src = inbox->second.slot(slot - 1);
+    have = slot_bytes;
   }
+  std::byte* at = op.data + s.recv.offset_elems * width;
+  size_t n = std::min(s.recv.len_elems, have / width);
+  if (slot > 0) {
+    ++g.counters.chunks_in_slots;
+  } else if (have > 0) {
+    ++g.counters.chunks_in_messages;
+  }
+  if (s.recv_mode == collectives::RecvMode::reduce) {
+    collectives::reduce_into(op.dtype, op.op, at, src, n);
+  } else {
+    std::memcpy(at, src, n * width);
+  }
+  if (slot > 0) (void)g.engines[from].tell(SlotFree{g.spec.id, from, slot - 1});
+  return true;
 }
 
 void ProcAnchor::pump(Group& g, uint32_t rank, uint64_t seq) {
@@ -185,8 +304,11 @@ void ProcAnchor::pump(Group& g, uint32_t rank, uint64_t seq) {
     // Data that came before this rank called (or before its turn).
     auto early = lr.early.find({seq, op.next_recv});
     if (op.next_recv < steps.size() && op.next_recv < op.next_send && early != lr.early.end()) {
-      if (!agrees(g, op, early->second.signature, early->second.from)) return;
-      apply(op, op.next_recv, early->second.bytes);
+      const LocalRank::Early& e = early->second;
+      if (!agrees(g, op, e.signature, e.from) ||
+          !apply(g, rank, op, op.next_recv, e.from, e.bytes, e.slot, e.slot_bytes)) {
+        return;
+      }
       lr.early.erase(early);
       ++op.next_recv;
       continue;
@@ -194,9 +316,21 @@ void ProcAnchor::pump(Group& g, uint32_t rank, uint64_t seq) {
     // A send may read what was received C steps before it.
     if (op.next_send < steps.size() && op.next_send < op.next_recv + op.schedule.chunks_per_step) {
       const collectives::RingStep& s = steps[op.next_send];
+      const std::byte* src = op.data + s.send.offset_elems * width;
+      size_t bytes = s.send.len_elems * width;
       RingChunk chunk{g.spec.id, static_cast<uint32_t>(op.schedule.send_to), rank, seq, op.next_send, false, op.signature,
-                      std::string(reinterpret_cast<const char*>(op.data + s.send.offset_elems * width),
-                                  s.send.len_elems * width)};
+                      {}, 0, 0};
+      auto out = g.outboxes.find(rank);
+      if (bytes > 0 && out != g.outboxes.end() && bytes <= out->second.segment.slot_bytes()) {
+        if (out->second.free.empty()) break;  // goes on when the next rank gives one back (SlotFree)
+        uint32_t slot = out->second.free.back();
+        out->second.free.pop_back();
+        std::memcpy(out->second.segment.slot(slot), src, bytes);
+        chunk.slot = slot + 1;
+        chunk.slot_bytes = bytes;
+      } else {
+        chunk.bytes.assign(reinterpret_cast<const char*>(src), bytes);
+      }
       (void)g.engines[op.schedule.send_to].tell(std::move(chunk));
       ++op.next_send;
       continue;
@@ -217,7 +351,7 @@ void ProcAnchor::pump_peers(Group& g, uint32_t rank, uint64_t seq) {
     if (s.send) {
       (void)g.engines[s.peer].tell(
           RingChunk{g.spec.id, s.peer, rank, seq, 0, true, op.signature,
-                    std::string(reinterpret_cast<const char*>(op.data), bytes)});
+                    std::string(reinterpret_cast<const char*>(op.data), bytes), 0, 0});
     } else {
       auto got = lr.early_from.find({seq, s.peer});
       if (got == lr.early_from.end()) return;  // its data has not come yet
@@ -258,18 +392,20 @@ void ProcAnchor::handle(const RingChunk& m) {
   auto op = lr->second.ops.find(m.seq);
   if (m.tree) {
     // Broadcast and barrier: by sender; applied when the schedule gets there.
-    lr->second.early_from[{m.seq, m.from_rank}] = LocalRank::Early{m.signature, m.from_rank, m.bytes};
+    lr->second.early_from[{m.seq, m.from_rank}] = LocalRank::Early{m.signature, m.from_rank, m.bytes, 0, 0};
     if (op != lr->second.ops.end()) pump_peers(g, m.to_rank, m.seq);
     return;
   }
   if (op == lr->second.ops.end() || op->second.next_recv != m.step || op->second.next_recv >= op->second.next_send) {
     // Before this rank called, or ahead of its turn: kept until then.
-    lr->second.early[{m.seq, m.step}] = LocalRank::Early{m.signature, m.from_rank, m.bytes};
+    lr->second.early[{m.seq, m.step}] = LocalRank::Early{m.signature, m.from_rank, m.bytes, m.slot, m.slot_bytes};
     if (op != lr->second.ops.end()) pump(g, m.to_rank, m.seq);
     return;
   }
-  if (!agrees(g, op->second, m.signature, m.from_rank)) return;
-  apply(op->second, m.step, m.bytes);
+  if (!agrees(g, op->second, m.signature, m.from_rank) ||
+      !apply(g, m.to_rank, op->second, m.step, m.from_rank, m.bytes, m.slot, m.slot_bytes)) {
+    return;
+  }
   ++op->second.next_recv;
   pump(g, m.to_rank, m.seq);
 }
@@ -286,7 +422,9 @@ bool ProcAnchor::agrees(Group& g, const Op& op, uint64_t signature, uint32_t fro
 }
 
 void ProcAnchor::handle(const GroupBroken& m) {
-  break_group(m.group, Status(ErrorCode::invalid_argument, m.why));
+  auto code = static_cast<ErrorCode>(m.code);
+  if (m.code == 0 || m.code > static_cast<uint8_t>(ErrorCode::storage)) code = ErrorCode::invalid_argument;
+  break_group(m.group, Status(code, m.why));
 }
 
 void ProcAnchor::break_group(const std::string& id, Status why, bool tell_others) {
@@ -298,7 +436,7 @@ void ProcAnchor::break_group(const std::string& id, Status why, bool tell_others
     std::set<uint64_t> told;
     for (const AnyRef& e : g.engines) {
       if (e == self() || !told.insert(e.id()).second) continue;
-      (void)e.tell(GroupBroken{id, why.message()});
+      (void)e.tell(GroupBroken{id, why.message(), static_cast<uint8_t>(why.code())});
     }
   }
   TROUPE_LOG(warn, "event=collective_group_broken group={} reason=\"{}\"", id, why.message());
@@ -311,6 +449,12 @@ void ProcAnchor::break_group(const std::string& id, Status why, bool tell_others
   }
   for (MonitorId m : g.monitors) demonitor(m);
   g.monitors.clear();
+  // NCCL's kernels and threads stop (the others abort theirs as they see
+  // the group broken), and its shared memory goes (the peers' mappings
+  // keep theirs until they too see it broken).
+  if (g.gpu.comm) g.gpu.comm->abort();
+  g.inboxes.clear();
+  g.outboxes.clear();
   for (auto& reply : failed) reply.fail(why);
 }
 

@@ -14,7 +14,9 @@
 #include <vector>
 
 #include "cluster/protocol.h"
+#include "collectives/nccl_comm.h"
 #include "collectives/ring.h"
+#include "collectives/shm_slots.h"
 #include "troupe/actor.h"
 #include "troupe/collective_group.h"
 #include "troupe/detail/relay.h"
@@ -73,21 +75,65 @@ struct RingChunk {
   /// What the sender was asked for (kind, count, type, op, root): ranks
   /// that disagree fail the collective with a clear error, not garbage.
   uint64_t signature = 0;
+  /// The data: in the message, or (slot > 0) `slot_bytes` bytes in slot
+  /// `slot - 1` of the receiver's shared-memory segment (collectives/shm_slots.h).
   std::string bytes;
+  uint32_t slot = 0;
+  uint64_t slot_bytes = 0;
   TROUPE_MESSAGE_NAMED(RingChunk, "troupe.mesh.RingChunk", group, to_rank, from_rank, seq, step, tree, signature,
-                       bytes);
+                       bytes, slot, slot_bytes);
+};
+
+/// Engine of rank `from_rank` -> engine of the rank before it (`to_rank`,
+/// which sends to it): map these slots and write your chunks there.
+struct SlotsOffered {
+  std::string group;
+  uint32_t to_rank = 0;
+  uint32_t from_rank = 0;
+  collectives::SlotsOffer offer;
+  TROUPE_MESSAGE_NAMED(SlotsOffered, "troupe.mesh.SlotsOffered", group, to_rank, from_rank, offer);
+};
+/// Engine of rank 0 -> the group's other engines: the unique id of the
+/// group's NCCL communicator (made on rank 0's first collective on CUDA
+/// memory).
+struct NcclId {
+  std::string group;
+  std::string id;
+  TROUPE_MESSAGE_NAMED(NcclId, "troupe.mesh.NcclId", group, id);
+};
+
+/// Anyone -> engine: how the chunks this process received for `group` came
+/// (answered with GroupCounters): how the data path is checked in tests.
+struct GroupStats {
+  std::string group;
+  TROUPE_MESSAGE_NAMED(GroupStats, "troupe.mesh.GroupStats", group);
+};
+struct GroupCounters {
+  uint64_t chunks_in_slots = 0;     // read from shared memory
+  uint64_t chunks_in_messages = 0;  // carried in the message (non-empty)
+  TROUPE_FIELDS(chunks_in_slots, chunks_in_messages);
+};
+
+/// Receiver -> sender (rank `to_rank`): slot `slot` is free again.
+struct SlotFree {
+  std::string group;
+  uint32_t to_rank = 0;
+  uint32_t slot = 0;
+  TROUPE_MESSAGE_NAMED(SlotFree, "troupe.mesh.SlotFree", group, to_rank, slot);
 };
 
 /// Engine -> the group's other engines: the group is broken (a rank saw
-/// disagreeing calls or ran out of time), so they fail at once too.
+/// disagreeing calls, ran out of time, lost a peer), so they fail at once too.
 struct GroupBroken {
   std::string group;
   std::string why;
-  TROUPE_MESSAGE_NAMED(GroupBroken, "troupe.mesh.GroupBroken", group, why);
+  uint8_t code = 0;  // the ErrorCode it broke with
+  TROUPE_MESSAGE_NAMED(GroupBroken, "troupe.mesh.GroupBroken", group, why, code);
 };
 
 class ProcAnchor final
-    : public Actor<ProcAnchor, AnchorPid, MeshCast, JoinGroup, Collective, RingChunk, GroupBroken> {
+    : public Actor<ProcAnchor, AnchorPid, MeshCast, JoinGroup, Collective, RingChunk, GroupBroken, SlotsOffered,
+                   SlotFree, GroupStats, NcclId> {
  public:
   /// `rank`: its place in the mesh, shown in the actor table.
   explicit ProcAnchor(uint64_t rank) { (void)rank; }
@@ -99,6 +145,11 @@ class ProcAnchor final
   Deferred<void> handle(const Collective& m);
   void handle(const RingChunk& m);
   void handle(const GroupBroken& m);
+  void handle(const SlotsOffered& m);
+  void handle(const SlotFree& m);
+  Result<GroupCounters> handle(const GroupStats& m);
+  // Collectives on CUDA memory, through NCCL (nccl_engine.cc).
+  void handle(const NcclId& m);
 
  private:
   /// One collective in progress for one local rank.
@@ -116,6 +167,9 @@ class ProcAnchor final
     size_t count = 0;
     DType dtype = DType::float32;
     ReduceOp op = ReduceOp::sum;
+    uint32_t root = 0;       // broadcast
+    bool gpu = false;        // on CUDA memory: run by the group's NCCL communicator
+    bool enqueued = false;   // gpu: on the communicator's stream
     uint64_t signature = 0;  // see RingChunk
     std::string what;        // "allreduce of 1000 float32 (sum)", for errors
     size_t next_send = 0;  // steps sent so far
@@ -129,6 +183,8 @@ class ProcAnchor final
       uint64_t signature = 0;
       uint32_t from = 0;
       std::string bytes;
+      uint32_t slot = 0;  // as in RingChunk
+      uint64_t slot_bytes = 0;
     };
     std::map<std::pair<uint64_t, uint64_t>, Early> early;  // ring: (seq, step) -> data before its turn
     std::map<std::pair<uint64_t, uint32_t>, Early> early_from;  // tree: (seq, from rank) -> data
@@ -139,6 +195,25 @@ class ProcAnchor final
     std::map<uint32_t, LocalRank> ranks;  // the ranks in this process
     Status broken;                // set once a collective cannot complete
     std::vector<MonitorId> monitors;
+    /// Shared-memory slots each local rank receives in (from the rank
+    /// before it), and those of the next rank that it writes to, with the
+    /// slots it may write (credits: the receiver gives each back once read).
+    std::map<uint32_t, collectives::SlotSegment> inboxes;
+    struct Outbox {
+      collectives::SlotSegment segment;
+      std::vector<uint32_t> free;
+    };
+    std::map<uint32_t, Outbox> outboxes;
+    GroupCounters counters;
+    /// The group's NCCL communicator (its single local rank's), made on
+    /// the first collective on CUDA memory.
+    struct Gpu {
+      std::string unique_id;  // made by rank 0, sent to the others
+      std::unique_ptr<collectives::NcclComm> comm;
+      bool initialized = false;
+      bool poll_set = false;  // a poll timer is pending
+    };
+    Gpu gpu;
   };
 
   /// Sends what the pipeline allows, applies chunks that came early, and
@@ -148,10 +223,20 @@ class ProcAnchor final
   void pump_peers(Group& g, uint32_t rank, uint64_t seq);
   /// Answers the collective (after the last step) and forgets it.
   void finish(Group& g, uint32_t rank, uint64_t seq);
-  void apply(Op& op, size_t step, const std::string& bytes);
+  /// Applies step `step`'s data (reduces or copies it in), from the message
+  /// or from a slot (which then goes back to its sender). False when the
+  /// slot is not one of this rank's (the group is then broken).
+  bool apply(Group& g, uint32_t rank, Op& op, size_t step, uint32_t from, const std::string& bytes, uint32_t slot,
+             uint64_t slot_bytes);
+  /// Makes rank `rank`'s slots and offers them to the rank before it.
+  void offer_slots(Group& g, uint32_t rank);
   /// False (and the group broken with a clear error) when rank `from` sent
   /// data for another collective than `op`.
   bool agrees(Group& g, const Op& op, uint64_t signature, uint32_t from);
+  /// Runs the group's collectives on CUDA memory: makes (or waits for) the
+  /// communicator, enqueues the ops in order once it is up, and answers
+  /// them when the GPU is done, polling every millisecond meanwhile.
+  void gpu_progress(const std::string& group);
   /// Fails every collective in progress in the group, for good; with
   /// `tell_others`, the other engines of the group do the same.
   void break_group(const std::string& id, Status why, bool tell_others = false);

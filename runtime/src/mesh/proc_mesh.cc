@@ -165,7 +165,8 @@ Status detail::mesh_cast(const MeshMembers& members, const Shape& view, MessageB
 }
 
 Result<std::vector<CollectiveGroup>> detail::make_group(const MeshMembers& members, const Shape& view,
-                                                        std::chrono::milliseconds timeout) {
+                                                        const GroupOptions& options) {
+  auto timeout = options.timeout;
   static std::atomic<uint64_t> counter{0};
   Runtime& rt = *members.cluster->rt;
   CollectiveGroup spec;
@@ -173,6 +174,8 @@ Result<std::vector<CollectiveGroup>> detail::make_group(const MeshMembers& membe
             std::to_string(std::chrono::steady_clock::now().time_since_epoch().count());
   spec.size = static_cast<uint32_t>(view.size());
   spec.timeout_ms = timeout.count();
+  spec.shared_memory = options.shared_memory;
+  spec.chunk_bytes = options.chunk_bytes;
   for (size_t i = 0; i < view.size(); ++i) {
     size_t process = members.process_of[view.rank(i)];
     auto at = current_location(rt, members.anchors[process]);

@@ -1,0 +1,75 @@
+// Shared-memory slots between two processes of one host: the data path of
+// the CPU collectives from a rank to the next when both engines are on the
+// same machine (what NCCL's SHM transport and UCX's shared-memory RMA do).
+//
+// The receiver makes a segment (an anonymous memfd) of `slots` slots of
+// `slot_bytes` each and offers (its pid, the fd, a random cookie) to the
+// sender, which maps the same memory through /proc/<pid>/fd/<fd> and checks
+// the cookie in the segment's header: a process of another host with the
+// same pid has no such fd or another segment, and the sender keeps sending
+// by messages. The sender copies a chunk into a free slot and tells the
+// receiver which (a small message); the receiver reduces or copies straight
+// out of the slot and gives it back (another small message). A chunk is
+// then copied once on its way, instead of into a message, a frame, the
+// kernel twice and out of the frame.
+//
+// The memory lives until the last of the two processes unmaps it: a peer
+// that dies leaves nothing behind (no names in /dev/shm).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "troupe/codec.h"
+#include "troupe/status.h"
+
+namespace troupe::collectives {
+
+/// What a receiver sends its sender so that it can map the receiver's slots.
+struct SlotsOffer {
+  int64_t pid = 0;
+  int32_t fd = -1;
+  uint64_t cookie = 0;
+  uint32_t slots = 0;
+  uint64_t slot_bytes = 0;
+  TROUPE_FIELDS(pid, fd, cookie, slots, slot_bytes);
+};
+
+/// A mapping of a slot segment: the receiver's (create) or the sender's
+/// (open). Move-only; unmaps (and closes the receiver's fd) when destroyed.
+class SlotSegment {
+ public:
+  SlotSegment() = default;
+  SlotSegment(SlotSegment&& o) noexcept;
+  SlotSegment& operator=(SlotSegment&& o) noexcept;
+  SlotSegment(const SlotSegment&) = delete;
+  SlotSegment& operator=(const SlotSegment&) = delete;
+  ~SlotSegment();
+
+  /// Makes a segment of `slots` slots of `slot_bytes` (rounded up to a page)
+  /// in this process. Pages are only backed when first written.
+  static Result<SlotSegment> create(uint32_t slots, uint64_t slot_bytes);
+  /// Maps the segment another process of this host offered; fails (and the
+  /// caller keeps to messages) when it is not reachable from here: another
+  /// host, another pid namespace, or no permission on /proc/<pid>/fd.
+  static Result<SlotSegment> open(const SlotsOffer& offer);
+
+  /// What to send the sender (the receiver's side).
+  const SlotsOffer& offer() const { return offer_; }
+  uint32_t slots() const { return offer_.slots; }
+  uint64_t slot_bytes() const { return offer_.slot_bytes; }
+  /// Slot `index` (< slots()): slot_bytes() bytes, 4 KiB aligned.
+  std::byte* slot(uint32_t index) const;
+  /// True for a mapped segment.
+  explicit operator bool() const { return base_ != nullptr; }
+
+ private:
+  void release();
+
+  int fd_ = -1;  // the receiver's memfd; -1 on the sender's side
+  std::byte* base_ = nullptr;
+  size_t map_bytes_ = 0;
+  SlotsOffer offer_;
+};
+
+}  // namespace troupe::collectives
