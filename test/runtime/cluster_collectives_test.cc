@@ -168,7 +168,7 @@ TEST_CASE("collectives: allreduce across 8 processes matches the reference for s
                              {1001, DType::float32, ReduceOp::min},   {4099, DType::float32, ReduceOp::avg},
                              {300'001, DType::float32, ReduceOp::sum}, {1003, DType::int32, ReduceOp::sum},
                              {1003, DType::int32, ReduceOp::avg}};
-  // Shared memory with 1 MiB chunks; with 4 KiB chunks (37 per segment of
+  // Shared memory with 4 MiB chunks; with 4 KiB chunks (37 per segment of
   // the largest case, more than the 8 slots: senders wait for slots back);
   // and messages only.
   struct Path {

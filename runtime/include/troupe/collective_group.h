@@ -51,7 +51,7 @@ struct CollectiveGroup {
   /// transport (GroupOptions::shared_memory).
   bool shared_memory = true;
   /// The largest piece of a ring step (GroupOptions::chunk_bytes).
-  uint64_t chunk_bytes = uint64_t{1} << 20;
+  uint64_t chunk_bytes = uint64_t{4} << 20;
   TROUPE_FIELDS(id, rank, size, engines, timeout_ms, shared_memory, chunk_bytes);
 
   /// The engine of the calling actor's process (`self`: the caller's own
@@ -71,7 +71,7 @@ struct GroupOptions {
   /// segment of more is pipelined in chunks of this size, and each rank
   /// offers the one before it 8 slots of it. Large enough to amortise a
   /// message, small enough that several are in flight.
-  uint64_t chunk_bytes = uint64_t{1} << 20;
+  uint64_t chunk_bytes = uint64_t{4} << 20;
 };
 
 /// Which collective a Collective message asks for.
