@@ -47,7 +47,8 @@ struct RunAllReduce {
 struct MyPid {
   TROUPE_MESSAGE_NAMED(MyPid, "test.coll.MyPid");
 };
-/// How the chunks of the member's group came to its process: {in slots, in messages}.
+/// How the chunks of the member's group came to its process: {in slots, in
+/// messages, reduced straight into the next rank's slot}.
 struct ChunkCounts {
   TROUPE_MESSAGE_NAMED(ChunkCounts, "test.coll.ChunkCounts");
 };
@@ -74,7 +75,7 @@ class Reducer : public troupe::Actor<Reducer, SetGroup, RunAllReduce, MyPid, Chu
     ask<troupe::mesh::GroupCounters>(group_.engine(self()), troupe::mesh::GroupStats{group_.id})
         .then([reply](troupe::Result<troupe::mesh::GroupCounters> r) mutable {
           if (!r) return reply.fail(r.error());
-          reply.complete(std::vector<uint64_t>{r->chunks_in_slots, r->chunks_in_messages});
+          reply.complete(std::vector<uint64_t>{r->chunks_in_slots, r->chunks_in_messages, r->reduced_into_slots});
         });
     return reply;
   }
@@ -258,6 +259,9 @@ TEST_CASE("collectives: ranks on one host exchange chunks through shared memory;
     // (at most the first allreduce's chunks can go before that).
     CHECK((*shm[m])[0] + (*shm[m])[1] == 2 * steps);
     CHECK((*shm[m])[0] >= steps);
+    // In the second allreduce at least, reduce-scatter steps 0 to 5 went
+    // straight on into the next rank's slot (the 7th is this rank's own).
+    CHECK((*shm[m])[2] >= 6);
   }
 
   c.give_groups(c.mesh, troupe::GroupOptions{.shared_memory = false});
@@ -268,6 +272,7 @@ TEST_CASE("collectives: ranks on one host exchange chunks through shared memory;
     INFO("member " << m);
     CHECK((*messages[m])[0] == 0);
     CHECK((*messages[m])[1] == steps);
+    CHECK((*messages[m])[2] == 0);
   }
 }
 

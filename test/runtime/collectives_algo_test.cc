@@ -423,6 +423,24 @@ TEST_CASE("reduce: every length, blocked or tail, matches an element at a time",
   }
 }
 
+TEST_CASE("reduce: reduce_to writes, bit for bit, what reduce_into leaves in place", "[collectives]") {
+  for (DType dtype : kDTypes) {
+    for (ReduceOp op : kOps) {
+      for (size_t count : {size_t{0}, size_t{1}, size_t{15}, size_t{16}, size_t{17}, size_t{1001}}) {
+        CAPTURE(std::string(dtype_name(dtype)), std::string(op_name(op)), count);
+        auto in = make_inputs(dtype, 2, count, Data::general, count + 7);
+        Buffer in_place = in[0];
+        reduce_into(dtype, op, in_place.at(0), in[1].at(0), count);
+        Buffer elsewhere(dtype, count);
+        reduce_to(dtype, op, elsewhere.at(0), in[0].at(0), in[1].at(0), count);
+        std::string diff = bitwise_diff(elsewhere, in_place);
+        INFO(diff);
+        CHECK(diff.empty());
+      }
+    }
+  }
+}
+
 TEST_CASE("reduce: integer sums wrap and integer averages truncate toward zero", "[collectives]") {
   int32_t a[] = {INT32_MAX, -7, 7, INT32_MIN};
   int32_t b[] = {1, 0, 0, -1};

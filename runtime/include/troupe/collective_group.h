@@ -80,7 +80,8 @@ enum class CollectiveKind : uint8_t {
   allreduce,
   /// Rank r ends with the reduction of its segment of the buffer: elements
   /// [r*q + min(r, m), ...) of length q + (r < m), q = count / n and
-  /// m = count % n (the rest of its buffer holds partial results).
+  /// m = count % n (the rest of its buffer is unspecified: partial results,
+  /// or its input where a partial result went straight on to the next rank).
   reduce_scatter,
   /// Rank r contributes its segment (as above) of the buffer; every rank
   /// ends with every segment.

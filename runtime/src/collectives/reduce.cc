@@ -40,6 +40,17 @@ inline void combine(T* __restrict dst, const T* __restrict src, size_t count_ele
   for (; i < count_elems; ++i) dst[i] = f(dst[i], src[i]);
 }
 
+// dst[i] = f(a[i], b[i]), blocked the same way; three buffers that do not
+// overlap (reduce_to checks it).
+template <typename T, typename F>
+inline void combine_to(T* __restrict dst, const T* __restrict a, const T* __restrict b, size_t count_elems, F f) {
+  size_t i = 0;
+  for (; i + kBlockElems <= count_elems; i += kBlockElems) {
+    for (size_t j = 0; j < kBlockElems; ++j) dst[i + j] = f(a[i + j], b[i + j]);
+  }
+  for (; i < count_elems; ++i) dst[i] = f(a[i], b[i]);
+}
+
 // data[i] = f(data[i]), blocked for the same reason as combine.
 template <typename T, typename F>
 inline void transform(T* __restrict data, size_t count_elems, F f) {
@@ -55,41 +66,54 @@ inline void transform(T* __restrict data, size_t count_elems, F f) {
 inline float max_nan(float a, float b) { return (b > a || b != b) ? b : a; }
 inline float min_nan(float a, float b) { return (b < a || b != b) ? b : a; }
 
-void reduce_float32(ReduceOp op, float* dst, const float* src, size_t count_elems) {
+// The element functions, by type and op: `run(f)` is called with the one
+// that `op` names, so reduce_into and reduce_to combine with the same
+// functions (and so round bfloat16 the same way).
+template <typename Run>
+void with_float32_op(ReduceOp op, Run run) {
   switch (op) {
     case ReduceOp::sum:
-    case ReduceOp::avg: combine(dst, src, count_elems, [](float a, float b) { return a + b; }); return;
-    case ReduceOp::max: combine(dst, src, count_elems, max_nan); return;
-    case ReduceOp::min: combine(dst, src, count_elems, min_nan); return;
+    case ReduceOp::avg: run([](float a, float b) { return a + b; }); return;
+    case ReduceOp::max: run(max_nan); return;
+    case ReduceOp::min: run(min_nan); return;
   }
 }
 
 // bf16 in float, one rounding per combine: what a bf16 GPU kernel does.
-void reduce_bfloat16(ReduceOp op, uint16_t* dst, const uint16_t* src, size_t count_elems) {
+template <typename Run>
+void with_bfloat16_op(ReduceOp op, Run run) {
   auto in_float = [](auto f) {
     return [f](uint16_t a, uint16_t b) { return float_to_bf16(f(bf16_to_float(a), bf16_to_float(b))); };
   };
-  switch (op) {
-    case ReduceOp::sum:
-    case ReduceOp::avg: combine(dst, src, count_elems, in_float([](float a, float b) { return a + b; })); return;
-    case ReduceOp::max: combine(dst, src, count_elems, in_float(max_nan)); return;
-    case ReduceOp::min: combine(dst, src, count_elems, in_float(min_nan)); return;
-  }
+  with_float32_op(op, [&](auto f) { run(in_float(f)); });
 }
 
-template <typename T>
-void reduce_int(ReduceOp op, T* dst, const T* src, size_t count_elems) {
-  // Signed overflow is undefined; the sum wraps in the unsigned type instead
-  // (two's complement, like the GPU collectives).
+// Signed overflow is undefined; the sum wraps in the unsigned type instead
+// (two's complement, like the GPU collectives).
+template <typename T, typename Run>
+void with_int_op(ReduceOp op, Run run) {
   using U = std::make_unsigned_t<T>;
   switch (op) {
     case ReduceOp::sum:
-    case ReduceOp::avg:
-      combine(dst, src, count_elems, [](T a, T b) { return static_cast<T>(static_cast<U>(a) + static_cast<U>(b)); });
-      return;
-    case ReduceOp::max: combine(dst, src, count_elems, [](T a, T b) { return b > a ? b : a; }); return;
-    case ReduceOp::min: combine(dst, src, count_elems, [](T a, T b) { return b < a ? b : a; }); return;
+    case ReduceOp::avg: run([](T a, T b) { return static_cast<T>(static_cast<U>(a) + static_cast<U>(b)); }); return;
+    case ReduceOp::max: run([](T a, T b) { return b > a ? b : a; }); return;
+    case ReduceOp::min: run([](T a, T b) { return b < a ? b : a; }); return;
   }
+}
+
+// Calls `run(T{}, f)` with the element type and function of (dtype, op).
+template <typename Run>
+void with_op(DType dtype, ReduceOp op, Run run) {
+  switch (dtype) {
+    case DType::float32: with_float32_op(op, [&](auto f) { run(float{}, f); }); return;
+    case DType::bfloat16: with_bfloat16_op(op, [&](auto f) { run(uint16_t{}, f); }); return;
+    case DType::int32: with_int_op<int32_t>(op, [&](auto f) { run(int32_t{}, f); }); return;
+    case DType::int64: with_int_op<int64_t>(op, [&](auto f) { run(int64_t{}, f); }); return;
+  }
+}
+
+bool overlap(const std::byte* a, const std::byte* b, size_t size_bytes) {
+  return a < b + size_bytes && b < a + size_bytes;
 }
 
 }  // namespace
@@ -116,22 +140,28 @@ void reduce_into(DType dtype, ReduceOp op, std::byte* dst, const std::byte* src,
   if (count_elems == 0) return;
   check_aligned(dst, dtype);
   check_aligned(src, dtype);
+  if (overlap(dst, src, count_elems * dtype_size(dtype))) contract_broken("dst and src overlap", dtype);
+  with_op(dtype, op, [&](auto type, auto f) {
+    using T = decltype(type);
+    combine(reinterpret_cast<T*>(dst), reinterpret_cast<const T*>(src), count_elems, f);
+  });
+}
+
+void reduce_to(DType dtype, ReduceOp op, std::byte* dst, const std::byte* a, const std::byte* b,
+               size_t count_elems) {
+  if (count_elems == 0) return;
+  check_aligned(dst, dtype);
+  check_aligned(a, dtype);
+  check_aligned(b, dtype);
   size_t size_bytes = count_elems * dtype_size(dtype);
-  if (dst < src + size_bytes && src < dst + size_bytes) contract_broken("dst and src overlap", dtype);
-  switch (dtype) {
-    case DType::float32:
-      reduce_float32(op, reinterpret_cast<float*>(dst), reinterpret_cast<const float*>(src), count_elems);
-      return;
-    case DType::bfloat16:
-      reduce_bfloat16(op, reinterpret_cast<uint16_t*>(dst), reinterpret_cast<const uint16_t*>(src), count_elems);
-      return;
-    case DType::int32:
-      reduce_int(op, reinterpret_cast<int32_t*>(dst), reinterpret_cast<const int32_t*>(src), count_elems);
-      return;
-    case DType::int64:
-      reduce_int(op, reinterpret_cast<int64_t*>(dst), reinterpret_cast<const int64_t*>(src), count_elems);
-      return;
+  if (overlap(dst, a, size_bytes) || overlap(dst, b, size_bytes) || overlap(a, b, size_bytes)) {
+    contract_broken("reduce_to's buffers overlap", dtype);
   }
+  with_op(dtype, op, [&](auto type, auto f) {
+    using T = decltype(type);
+    combine_to(reinterpret_cast<T*>(dst), reinterpret_cast<const T*>(a), reinterpret_cast<const T*>(b), count_elems,
+               f);
+  });
 }
 
 void finish_avg(DType dtype, std::byte* data, size_t count_elems, size_t ranks) {

@@ -30,6 +30,12 @@ uint16_t float_to_bf16(float value);
 /// to dtype_size(dtype), and do not overlap.
 void reduce_into(DType dtype, ReduceOp op, std::byte* dst, const std::byte* src, size_t count_elems);
 
+/// dst[i] = op(a[i], b[i]) for i < count_elems: reduce_into with the result
+/// written elsewhere (the same element functions, the same rounding), for a
+/// combine whose result goes straight on (into the next rank's slot).
+/// REQUIRES: as reduce_into, for three buffers none of which overlap.
+void reduce_to(DType dtype, ReduceOp op, std::byte* dst, const std::byte* a, const std::byte* b, size_t count_elems);
+
 /// data[i] /= ranks for i < count_elems: turns the sum an avg accumulated
 /// into the mean (integers truncate toward zero; bfloat16 divides in float
 /// and rounds once).

@@ -196,6 +196,7 @@ Deferred<void> ProcAnchor::handle(const Collective& m) {
   }
   uint64_t seq = lr->second.next_seq++;
   Op& op = lr->second.ops[seq];
+  op.seq = seq;
   op.kind = m.kind;
   op.gpu = gpu;
   op.root = m.root;
@@ -285,11 +286,52 @@ bool ProcAnchor::apply(Group& g, uint32_t rank, Op& op, size_t step, uint32_t fr
     ++g.counters.chunks_in_messages;
   }
   if (s.recv_mode == collectives::RecvMode::reduce) {
-    collectives::reduce_into(op.dtype, op.op, at, src, n);
+    if (!reduce_and_send(g, rank, op, step, src, n)) collectives::reduce_into(op.dtype, op.op, at, src, n);
   } else {
     std::memcpy(at, src, n * width);
   }
   if (slot > 0) (void)g.engines[from].tell(SlotFree{g.spec.id, from, slot - 1});
+  return true;
+}
+
+std::byte* ProcAnchor::take_slot(Group& g, uint32_t rank, size_t bytes) {
+  auto out = g.outboxes.find(rank);
+  if (out == g.outboxes.end() || out->second.free.empty() || bytes > out->second.segment.slot_bytes()) return nullptr;
+  uint32_t slot = out->second.free.back();
+  out->second.free.pop_back();
+  return out->second.segment.slot(slot);
+}
+
+void ProcAnchor::send_step(Group& g, uint32_t rank, Op& op, std::byte* slot_at, size_t slot_bytes,
+                           std::string bytes) {
+  RingChunk chunk{g.spec.id,   static_cast<uint32_t>(op.schedule.send_to), rank, op.seq, op.next_send, false,
+                  op.signature, std::move(bytes),                           0,    0};
+  if (slot_at != nullptr) {
+    const collectives::SlotSegment& out = g.outboxes[rank].segment;
+    chunk.slot = static_cast<uint32_t>((slot_at - out.slot(0)) / static_cast<std::ptrdiff_t>(out.slot_bytes())) + 1;
+    chunk.slot_bytes = slot_bytes;
+  }
+  (void)g.engines[op.schedule.send_to].tell(std::move(chunk));
+  ++op.next_send;
+}
+
+bool ProcAnchor::reduce_and_send(Group& g, uint32_t rank, Op& op, size_t step, const std::byte* in, size_t n) {
+  // Only where the partial sum is not needed here again: it goes on to the
+  // next rank at step + C, a reduce-scatter step too (the last one's result
+  // is this rank's own segment, which it keeps), and that send is the next.
+  const auto& steps = op.schedule.steps;
+  size_t next = step + op.schedule.chunks_per_step;
+  if (n == 0 || next >= steps.size() || op.next_send != next ||
+      steps[next].recv_mode != collectives::RecvMode::reduce || steps[next].send != steps[step].recv ||
+      n != steps[step].recv.len_elems) {
+    return false;
+  }
+  size_t width = dtype_size(op.dtype);
+  std::byte* to = take_slot(g, rank, n * width);
+  if (to == nullptr) return false;
+  collectives::reduce_to(op.dtype, op.op, to, op.data + steps[step].recv.offset_elems * width, in, n);
+  send_step(g, rank, op, to, n * width);
+  ++g.counters.reduced_into_slots;
   return true;
 }
 
@@ -318,21 +360,15 @@ void ProcAnchor::pump(Group& g, uint32_t rank, uint64_t seq) {
       const collectives::RingStep& s = steps[op.next_send];
       const std::byte* src = op.data + s.send.offset_elems * width;
       size_t bytes = s.send.len_elems * width;
-      RingChunk chunk{g.spec.id, static_cast<uint32_t>(op.schedule.send_to), rank, seq, op.next_send, false, op.signature,
-                      {}, 0, 0};
-      auto out = g.outboxes.find(rank);
-      if (bytes > 0 && out != g.outboxes.end() && bytes <= out->second.segment.slot_bytes()) {
-        if (out->second.free.empty()) break;  // goes on when the next rank gives one back (SlotFree)
-        uint32_t slot = out->second.free.back();
-        out->second.free.pop_back();
-        std::memcpy(out->second.segment.slot(slot), src, bytes);
-        chunk.slot = slot + 1;
-        chunk.slot_bytes = bytes;
+      bool by_slot = bytes > 0 && g.outboxes.count(rank) && bytes <= g.outboxes[rank].segment.slot_bytes();
+      if (by_slot) {
+        std::byte* to = take_slot(g, rank, bytes);
+        if (to == nullptr) break;  // goes on when the next rank gives one back (SlotFree)
+        std::memcpy(to, src, bytes);
+        send_step(g, rank, op, to, bytes);
       } else {
-        chunk.bytes.assign(reinterpret_cast<const char*>(src), bytes);
+        send_step(g, rank, op, nullptr, 0, std::string(reinterpret_cast<const char*>(src), bytes));
       }
-      (void)g.engines[op.schedule.send_to].tell(std::move(chunk));
-      ++op.next_send;
       continue;
     }
     break;

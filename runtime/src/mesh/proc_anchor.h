@@ -111,7 +111,8 @@ struct GroupStats {
 struct GroupCounters {
   uint64_t chunks_in_slots = 0;     // read from shared memory
   uint64_t chunks_in_messages = 0;  // carried in the message (non-empty)
-  TROUPE_FIELDS(chunks_in_slots, chunks_in_messages);
+  uint64_t reduced_into_slots = 0;  // reduces written straight on to the next rank (reduce_and_send)
+  TROUPE_FIELDS(chunks_in_slots, chunks_in_messages, reduced_into_slots);
 };
 
 /// Receiver -> sender (rank `to_rank`): slot `slot` is free again.
@@ -159,6 +160,7 @@ class ProcAnchor final
     bool send = false;
   };
   struct Op {
+    uint64_t seq = 0;  // its key in LocalRank::ops
     CollectiveKind kind = CollectiveKind::allreduce;
     collectives::RingSchedule schedule;  // ring kinds
     std::vector<PeerStep> peer_steps;    // tree kinds
@@ -228,6 +230,17 @@ class ProcAnchor final
   /// slot is not one of this rank's (the group is then broken).
   bool apply(Group& g, uint32_t rank, Op& op, size_t step, uint32_t from, const std::string& bytes, uint32_t slot,
              uint64_t slot_bytes);
+  /// A free slot of the next rank's for `bytes` (nullptr: none free, or
+  /// the next rank offered none).
+  std::byte* take_slot(Group& g, uint32_t rank, size_t bytes);
+  /// Sends op's next step: its data already in `slot_at` (from take_slot),
+  /// or in `bytes`.
+  void send_step(Group& g, uint32_t rank, Op& op, std::byte* slot_at, size_t slot_bytes, std::string bytes = {});
+  /// A reduce-scatter step's reduce written straight into a slot of the
+  /// next rank as the send of step + C, when that send is next and its data
+  /// is not needed here again: two reads and a write where reduce-then-copy
+  /// takes three and two. False (nothing done) otherwise.
+  bool reduce_and_send(Group& g, uint32_t rank, Op& op, size_t step, const std::byte* in, size_t n);
   /// Makes rank `rank`'s slots and offers them to the rank before it.
   void offer_slots(Group& g, uint32_t rank);
   /// False (and the group broken with a clear error) when rank `from` sent
