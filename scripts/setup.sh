@@ -14,6 +14,8 @@ packages=(
   libsqlite3-dev libcli11-dev nlohmann-json3-dev
   # tests: two hosts on one machine (network namespaces), process checks
   iproute2 procps
+  # the RL stack's policy model: CPU matrix products
+  libopenblas-dev
 )
 
 missing=()

@@ -1,0 +1,87 @@
+// The layers of the policy model as plain functions over plain buffers
+// (llm.c's style): each forward writes its outputs, each backward ADDS into
+// the gradient buffers it is given (so a gradient shared by several uses,
+// like a residual stream, accumulates), and every buffer's shape is in the
+// comment, row-major, with
+//
+//   B batch, T time (positions), C channels, NH heads, hs = C / NH,
+//   OC output channels, V vocabulary, N rows (B * T where flattened).
+//
+// Every kernel is a template on the scalar type, instantiated for float (the
+// model) and double (the reference the tests check gradients against by
+// finite differences). Matrix products go to BLAS (OpenBLAS's sgemm/dgemm);
+// the rest are loops. No allocation, no I/O, no threads of their own beyond
+// BLAS's.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace troupe::rl::model {
+
+/// out[b,t,:] = wte[tokens[b,t],:] + wpe[t,:].
+/// out (B,T,C), tokens (B,T) each < V, wte (V,C), wpe (>= T, C).
+template <typename F>
+void encoder_forward(F* out, const int32_t* tokens, const F* wte, const F* wpe, size_t B, size_t T, size_t C);
+/// dwte[tokens[b,t],:] += dout[b,t,:]; dwpe[t,:] += dout[b,t,:].
+template <typename F>
+void encoder_backward(F* dwte, F* dwpe, const F* dout, const int32_t* tokens, size_t B, size_t T, size_t C);
+
+/// Layer normalisation of each of N rows of C: out = (x - mean) * rstd *
+/// weight + bias, with rstd = 1 / sqrt(var + 1e-5); mean and rstd (N) are
+/// kept for the backward.
+template <typename F>
+void layernorm_forward(F* out, F* mean, F* rstd, const F* inp, const F* weight, const F* bias, size_t N, size_t C);
+/// dinp (N,C), dweight (C), dbias (C) += the gradients for dout (N,C).
+template <typename F>
+void layernorm_backward(F* dinp, F* dweight, F* dbias, const F* dout, const F* inp, const F* weight, const F* mean,
+                        const F* rstd, size_t N, size_t C);
+
+/// out (N,OC) = inp (N,C) x weight (OC,C)^T + bias (OC; may be null).
+template <typename F>
+void matmul_forward(F* out, const F* inp, const F* weight, const F* bias, size_t N, size_t C, size_t OC);
+/// dinp (N,C) += dout x weight; dweight (OC,C) += dout^T x inp; dbias (OC)
+/// += column sums of dout (when not null).
+template <typename F>
+void matmul_backward(F* dinp, F* dweight, F* dbias, const F* dout, const F* inp, const F* weight, size_t N, size_t C,
+                     size_t OC);
+
+/// Causal multi-head self-attention. qkv (B,T,3C) holds q, k and v of
+/// each position side by side; out (B,T,C). preatt and att (B,NH,T,T) keep
+/// the scaled scores and their softmax (position t attends to 0..t) for
+/// the backward; entries above the diagonal are left zero.
+template <typename F>
+void attention_forward(F* out, F* preatt, F* att, const F* qkv, size_t B, size_t T, size_t C, size_t NH);
+/// dqkv (B,T,3C) += the gradient for dout (B,T,C); dpreatt and datt
+/// (B,NH,T,T) are scratch, accumulated into (zero them first).
+template <typename F>
+void attention_backward(F* dqkv, F* dpreatt, F* datt, const F* dout, const F* qkv, const F* att, size_t B, size_t T,
+                        size_t C, size_t NH);
+
+/// GELU, tanh approximation (GPT-2's), elementwise on n values.
+template <typename F>
+void gelu_forward(F* out, const F* inp, size_t n);
+/// dinp += gelu'(inp) * dout.
+template <typename F>
+void gelu_backward(F* dinp, const F* inp, const F* dout, size_t n);
+
+/// out = a + b, elementwise on n values.
+template <typename F>
+void residual_forward(F* out, const F* a, const F* b, size_t n);
+/// da += dout; db += dout.
+template <typename F>
+void residual_backward(F* da, F* db, const F* dout, size_t n);
+
+/// Row softmax of logits (N,V) into probs (N,V), numerically stable.
+template <typename F>
+void softmax_forward(F* probs, const F* logits, size_t N, size_t V);
+/// losses[i] = -log probs[i, targets[i]] for each of N rows.
+template <typename F>
+void crossentropy_forward(F* losses, const F* probs, const int32_t* targets, size_t N, size_t V);
+/// dlogits (N,V) += (probs - onehot(targets)) * dlosses[i]: the gradient of
+/// sum_i dlosses[i] * losses[i] through the softmax.
+template <typename F>
+void crossentropy_softmax_backward(F* dlogits, const F* dlosses, const F* probs, const int32_t* targets, size_t N,
+                                   size_t V);
+
+}  // namespace troupe::rl::model
