@@ -1,0 +1,93 @@
+// The policy model: a decoder-only transformer (config.h) over one
+// parameter buffer and one gradient buffer of the same layout, with the
+// activations of the last forward kept for the backward. llm.c's gpt2 in
+// C++: the forward is the kernels of kernels.h in order, the backward the
+// same in reverse.
+//
+//   Gpt<float> m = Gpt<float>::make(config).value();
+//   m.init_random(seed);
+//   m.forward(tokens, targets, B, T);      // per-token losses: m.losses()
+//   m.zero_grad();
+//   m.backward(dlosses);                   // grads() += d(sum dlosses * losses)/d params
+//
+// The per-token loss is -log p(target), the negative log-probability of
+// the next token; weighting it per token (dlosses) gives the supervised loss
+// with a mask (1/count on answer tokens, 0 on the prompt) and, with the
+// policy-gradient loss's derivative, the RL update.
+//
+// Not thread-safe: one caller at a time (BLAS uses its own threads).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "model/config.h"
+#include "troupe/status.h"
+
+namespace troupe::rl::model {
+
+/// A GPT over scalars F (float for the model, double for the tests'
+/// reference).
+template <typename F>
+class Gpt {
+ public:
+  /// A model of `config` with zero parameters; fails as ParamLayout::make.
+  static Result<Gpt> make(const GptConfig& config);
+
+  /// GPT-2's initialisation, reproducible from `seed`: weights normal with
+  /// std 0.02 (the residual projections 0.02 / sqrt(2 layers)), LayerNorm
+  /// weights 1, biases 0.
+  void init_random(uint64_t seed);
+
+  const ParamLayout& layout() const { return layout_; }
+  const GptConfig& config() const { return layout_.config(); }
+  /// The parameters and their gradients, layout().total() each.
+  F* params() { return params_.data(); }
+  const F* params() const { return params_.data(); }
+  F* grads() { return grads_.data(); }
+  const F* grads() const { return grads_.data(); }
+
+  /// Runs the model on `tokens` (B,T) and, per position, the loss of
+  /// predicting `targets` (B,T) next: -log p(target). Keeps what the
+  /// backward needs. Errors: B or T zero, T past the context length, a
+  /// token or target outside the vocabulary.
+  Status forward(const int32_t* tokens, const int32_t* targets, size_t B, size_t T);
+  /// The last forward's per-position losses (B*T) and next-token
+  /// distributions (B*T, V).
+  const F* losses() const { return losses_.data(); }
+  const F* probs() const { return probs_.data(); }
+  /// The mean of losses() over positions.
+  F mean_loss() const;
+
+  /// Sets grads() to zero.
+  void zero_grad();
+  /// grads() += the gradient of sum_i dlosses[i] * losses()[i] (dlosses:
+  /// B*T of the last forward) with respect to the parameters.
+  /// REQUIRES: a forward before it, on the same inputs (the activations).
+  void backward(const F* dlosses);
+
+ private:
+  explicit Gpt(ParamLayout layout);
+  // Sizes the activations (and their gradients) for (B, T).
+  void size_for(size_t B, size_t T);
+
+  /// What one layer's forward keeps, and the same shapes for its gradient.
+  struct LayerActs {
+    std::vector<F> ln1, ln1_mean, ln1_rstd, qkv, atty, preatt, att, attproj, residual2, ln2, ln2_mean, ln2_rstd, fch,
+        fch_gelu, fcproj, residual3;
+  };
+
+  ParamLayout layout_;
+  std::vector<F> params_, grads_;
+  size_t B_ = 0, T_ = 0;
+  std::vector<int32_t> tokens_, targets_;
+  std::vector<F> encoded_, lnf_, lnf_mean_, lnf_rstd_, logits_, probs_, losses_;
+  std::vector<LayerActs> acts_, dacts_;
+  std::vector<F> dencoded_, dlnf_, dlogits_;
+};
+
+extern template class Gpt<float>;
+extern template class Gpt<double>;
+
+}  // namespace troupe::rl::model
