@@ -1,0 +1,60 @@
+// AdamW over the model's one parameter buffer (Loshchilov & Hutter):
+// decoupled weight decay, global gradient-norm clipping, and a learning
+// rate that warms up linearly and then decays on a cosine to a floor. The
+// two moments are buffers of the parameters' layout too, so an optimizer's
+// state moves (checkpoints, resharding) like the parameters do.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "model/config.h"
+
+namespace troupe::rl::model {
+
+/// The optimizer's settings.
+struct AdamWConfig {
+  double learning_rate = 3e-4;
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double eps = 1e-8;
+  /// Decoupled decay, applied to the matrices (2-D tensors) only: biases,
+  /// LayerNorm weights and nothing else of one dimension decay.
+  double weight_decay = 0.1;
+  /// The gradient's global L2 norm is scaled down to this when above it
+  /// (0: no clipping).
+  double clip_norm = 1.0;
+  /// Steps of linear warm-up from 0, then a cosine from learning_rate down
+  /// to min_lr_fraction * learning_rate at decay_steps (constant after).
+  size_t warmup_steps = 0;
+  size_t decay_steps = 0;  // 0: no decay
+  double min_lr_fraction = 0.1;
+};
+
+/// AdamW state for one model (its layout). Not thread-safe.
+class AdamW {
+ public:
+  AdamW(const ParamLayout& layout, AdamWConfig config);
+
+  /// The learning rate of step `step` (0-based) under the schedule.
+  double learning_rate(size_t step) const;
+  /// One update of `params` with `grads` (layout().total() each; the
+  /// gradients are scaled in place when clipped). Returns the gradient's
+  /// global norm before clipping (a NaN or infinity there is returned and
+  /// nothing is updated: a bad batch must not ruin the model).
+  double step(float* params, float* grads);
+  /// Steps taken so far.
+  size_t steps() const { return step_; }
+  /// The moments, in the parameters' layout.
+  const std::vector<float>& m() const { return m_; }
+  const std::vector<float>& v() const { return v_; }
+
+ private:
+  AdamWConfig config_;
+  std::vector<float> m_, v_;
+  std::vector<uint8_t> decays_;  // per element: 1 where weight decay applies
+  size_t step_ = 0;
+};
+
+}  // namespace troupe::rl::model
