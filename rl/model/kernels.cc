@@ -184,13 +184,11 @@ void attention_backward(F* dqkv, F* dpreatt, F* datt, const F* dout, const F* qk
             dv[i] += a[t2] * d[i];
           }
         }
-        // Through the softmax: d pre[t3] = sum_t2 a[t2] (1{t2 = t3} - a[t3]) da[t2].
-        for (size_t t2 = 0; t2 <= t; ++t2) {
-          for (size_t t3 = 0; t3 <= t; ++t3) {
-            F indicator = t2 == t3 ? F(1) : F(0);
-            dpre[t3] += a[t2] * (indicator - a[t3]) * da[t2];
-          }
-        }
+        // Through the softmax: d pre[t3] = sum_t2 a[t2] (1{t2 = t3} - a[t3]) da[t2]
+        // = a[t3] (da[t3] - sum_t2 a[t2] da[t2]): one pass, not t^2.
+        F weighted = 0;
+        for (size_t t2 = 0; t2 <= t; ++t2) weighted += a[t2] * da[t2];
+        for (size_t t3 = 0; t3 <= t; ++t3) dpre[t3] += a[t3] * (da[t3] - weighted);
         // Through the scaled scores q . k.
         for (size_t t2 = 0; t2 <= t; ++t2) {
           const F* k = qkv + (b * T + t2) * 3 * C + h * hs + C;
