@@ -294,24 +294,24 @@ bool ProcAnchor::apply(Group& g, uint32_t rank, Op& op, size_t step, uint32_t fr
   return true;
 }
 
-std::byte* ProcAnchor::take_slot(Group& g, uint32_t rank, size_t bytes) {
+ProcAnchor::Group::Outbox* ProcAnchor::outbox_for(Group& g, uint32_t rank, size_t bytes) {
   auto out = g.outboxes.find(rank);
-  if (out == g.outboxes.end() || out->second.free.empty() || bytes > out->second.segment.slot_bytes()) return nullptr;
-  uint32_t slot = out->second.free.back();
-  out->second.free.pop_back();
-  return out->second.segment.slot(slot);
+  if (bytes == 0 || out == g.outboxes.end() || bytes > out->second.segment.slot_bytes()) return nullptr;
+  return &out->second;
 }
 
-void ProcAnchor::send_step(Group& g, uint32_t rank, Op& op, std::byte* slot_at, size_t slot_bytes,
+ProcAnchor::TakenSlot ProcAnchor::take_slot(Group::Outbox& out) {
+  if (out.free.empty()) return {};
+  uint32_t slot = out.free.back();
+  out.free.pop_back();
+  return TakenSlot{slot + 1, out.segment.slot(slot)};
+}
+
+void ProcAnchor::send_step(Group& g, uint32_t rank, Op& op, uint32_t slot_number, uint64_t slot_bytes,
                            std::string bytes) {
-  RingChunk chunk{g.spec.id,   static_cast<uint32_t>(op.schedule.send_to), rank, op.seq, op.next_send, false,
-                  op.signature, std::move(bytes),                           0,    0};
-  if (slot_at != nullptr) {
-    const collectives::SlotSegment& out = g.outboxes[rank].segment;
-    chunk.slot = static_cast<uint32_t>((slot_at - out.slot(0)) / static_cast<std::ptrdiff_t>(out.slot_bytes())) + 1;
-    chunk.slot_bytes = slot_bytes;
-  }
-  (void)g.engines[op.schedule.send_to].tell(std::move(chunk));
+  (void)g.engines[op.schedule.send_to].tell(RingChunk{g.spec.id, static_cast<uint32_t>(op.schedule.send_to), rank,
+                                                      op.seq, op.next_send, false, op.signature, std::move(bytes),
+                                                      slot_number, slot_bytes});
   ++op.next_send;
 }
 
@@ -327,10 +327,12 @@ bool ProcAnchor::reduce_and_send(Group& g, uint32_t rank, Op& op, size_t step, c
     return false;
   }
   size_t width = dtype_size(op.dtype);
-  std::byte* to = take_slot(g, rank, n * width);
-  if (to == nullptr) return false;
-  collectives::reduce_to(op.dtype, op.op, to, op.data + steps[step].recv.offset_elems * width, in, n);
-  send_step(g, rank, op, to, n * width);
+  Group::Outbox* out = outbox_for(g, rank, n * width);
+  if (out == nullptr) return false;
+  TakenSlot to = take_slot(*out);
+  if (to.at == nullptr) return false;
+  collectives::reduce_to(op.dtype, op.op, to.at, op.data + steps[step].recv.offset_elems * width, in, n);
+  send_step(g, rank, op, to.number, n * width);
   ++g.counters.reduced_into_slots;
   return true;
 }
@@ -360,14 +362,13 @@ void ProcAnchor::pump(Group& g, uint32_t rank, uint64_t seq) {
       const collectives::RingStep& s = steps[op.next_send];
       const std::byte* src = op.data + s.send.offset_elems * width;
       size_t bytes = s.send.len_elems * width;
-      bool by_slot = bytes > 0 && g.outboxes.count(rank) && bytes <= g.outboxes[rank].segment.slot_bytes();
-      if (by_slot) {
-        std::byte* to = take_slot(g, rank, bytes);
-        if (to == nullptr) break;  // goes on when the next rank gives one back (SlotFree)
-        std::memcpy(to, src, bytes);
-        send_step(g, rank, op, to, bytes);
+      if (Group::Outbox* out = outbox_for(g, rank, bytes)) {
+        TakenSlot to = take_slot(*out);
+        if (to.at == nullptr) break;  // goes on when the next rank gives one back (SlotFree)
+        std::memcpy(to.at, src, bytes);
+        send_step(g, rank, op, to.number, bytes);
       } else {
-        send_step(g, rank, op, nullptr, 0, std::string(reinterpret_cast<const char*>(src), bytes));
+        send_step(g, rank, op, 0, 0, std::string(reinterpret_cast<const char*>(src), bytes));
       }
       continue;
     }

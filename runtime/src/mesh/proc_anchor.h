@@ -230,12 +230,19 @@ class ProcAnchor final
   /// slot is not one of this rank's (the group is then broken).
   bool apply(Group& g, uint32_t rank, Op& op, size_t step, uint32_t from, const std::string& bytes, uint32_t slot,
              uint64_t slot_bytes);
-  /// A free slot of the next rank's for `bytes` (nullptr: none free, or
-  /// the next rank offered none).
-  std::byte* take_slot(Group& g, uint32_t rank, size_t bytes);
-  /// Sends op's next step: its data already in `slot_at` (from take_slot),
-  /// or in `bytes`.
-  void send_step(Group& g, uint32_t rank, Op& op, std::byte* slot_at, size_t slot_bytes, std::string bytes = {});
+  /// The next rank's slots, when a chunk of `bytes` goes through them
+  /// (nullptr: it goes in the message: empty, no slots offered, too big).
+  Group::Outbox* outbox_for(Group& g, uint32_t rank, size_t bytes);
+  /// A slot taken for a chunk: `number` as RingChunk says it (index + 1),
+  /// `at` where to write; at == nullptr when none is free yet.
+  struct TakenSlot {
+    uint32_t number = 0;
+    std::byte* at = nullptr;
+  };
+  TakenSlot take_slot(Group::Outbox& out);
+  /// Sends op's next step: its data already in slot `slot_number`
+  /// (`slot_bytes` of it), or (slot_number 0) in `bytes`.
+  void send_step(Group& g, uint32_t rank, Op& op, uint32_t slot_number, uint64_t slot_bytes, std::string bytes = {});
   /// A reduce-scatter step's reduce written straight into a slot of the
   /// next rank as the send of step + C, when that send is next and its data
   /// is not needed here again: two reads and a write where reduce-then-copy
