@@ -48,6 +48,8 @@ struct GptConfig {
   /// ok, or what is wrong (a zero size, channels not divisible by heads,
   /// sizes whose parameter count overflows).
   Status validate() const;
+
+  bool operator==(const GptConfig&) const = default;
 };
 
 /// One tensor of the layout: `count` values from `offset` (in elements) of

@@ -1,0 +1,82 @@
+// The policy model's inference path: a key/value cache of `slots`
+// sequences, and a step that appends tokens to any of them at once.
+//
+// A step takes rows (slot, token): each row's token goes at its slot's next
+// position, and the step returns the next-token logits of every row. The
+// matrix products run over all rows of the step together, whatever slot
+// they belong to; attention runs per row over its own slot's cached keys
+// and values. One shape serves the prefill (a prompt's tokens as
+// consecutive rows of one slot), the decode (one row per live sequence),
+// and continuous batching (new prompts' rows beside other sequences'
+// decode rows in the same step).
+//
+//   KvCache cache = KvCache::make(model.config(), 64).value();
+//   DecodeRow rows[] = {{0, bos}, {0, '1'}, {1, bos}};
+//   cache.append(model, rows, logits);   // logits: 3 rows of vocab_size
+//
+// Not thread-safe: one caller at a time (BLAS uses its own threads).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "model/config.h"
+#include "model/gpt.h"
+#include "troupe/status.h"
+
+namespace troupe::rl::model {
+
+/// One token to append: `token` goes at position length(slot) of `slot`.
+struct DecodeRow {
+  uint32_t slot = 0;
+  int32_t token = 0;
+};
+
+/// Keys and values of every layer for `slots` sequences of up to the
+/// context length, in float.
+class KvCache {
+ public:
+  /// A cache for models of `config`, `slots` sequences (at least 1). Its
+  /// memory is 2 * layers * slots * context_length * channels floats, all
+  /// allocated here. Fails on a bad config or zero slots.
+  static Result<KvCache> make(const GptConfig& config, size_t slots);
+
+  const GptConfig& config() const { return config_; }
+  size_t slots() const { return lengths_.size(); }
+  /// Tokens cached for `slot` (its next position).
+  size_t length(size_t slot) const { return lengths_[slot]; }
+  /// Forgets `slot`'s sequence (its next token goes at position 0).
+  void clear(size_t slot) { lengths_[slot] = 0; }
+  /// Forgets every sequence.
+  void clear_all();
+
+  /// Runs `model` on `rows` (in order; a slot may appear in several rows,
+  /// which then take consecutive positions) and writes each row's
+  /// next-token logits to `logits` (rows.size() x vocab_size). Errors,
+  /// before anything is cached: a model of another shape, a slot out of
+  /// range, a token outside the vocabulary, a slot that would pass the
+  /// context length.
+  Status append(const Gpt<float>& model, std::span<const DecodeRow> rows, float* logits);
+
+ private:
+  explicit KvCache(const GptConfig& config, size_t slots);
+  // Sizes the per-row scratch for `n` rows.
+  void size_scratch(size_t n);
+  // The cached key (or value) vector of (layer, slot, position): C floats.
+  float* key(size_t layer, size_t slot, size_t pos) { return keys_.data() + index(layer, slot, pos); }
+  float* value(size_t layer, size_t slot, size_t pos) { return values_.data() + index(layer, slot, pos); }
+  size_t index(size_t layer, size_t slot, size_t pos) const {
+    return ((layer * slots() + slot) * config_.context_length + pos) * config_.channels;
+  }
+
+  GptConfig config_;
+  std::vector<float> keys_, values_;  // (layers, slots, context_length, C)
+  std::vector<size_t> lengths_;       // per slot
+  // Per-row scratch of the last step.
+  std::vector<size_t> positions_;
+  std::vector<float> x_, ln_, mean_, rstd_, qkv_, atty_, proj_, fch_, fch_gelu_, scores_;
+};
+
+}  // namespace troupe::rl::model
