@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 #include <numbers>
+#include <string>
+#include <utility>
 
 namespace troupe::rl::model {
 
@@ -13,16 +15,18 @@ AdamW::AdamW(const ParamLayout& layout, AdamWConfig config)
   }
 }
 
-double AdamW::learning_rate(size_t step) const {
-  const double lr = config_.learning_rate;
-  if (step < config_.warmup_steps) return lr * static_cast<double>(step + 1) / static_cast<double>(config_.warmup_steps);
-  if (config_.decay_steps == 0) return lr;
-  const double floor = lr * config_.min_lr_fraction;
-  if (step >= config_.decay_steps) return floor;
-  double progress = static_cast<double>(step - config_.warmup_steps) /
-                    static_cast<double>(std::max<size_t>(1, config_.decay_steps - config_.warmup_steps));
+double adamw_learning_rate(const AdamWConfig& config, size_t step) {
+  const double lr = config.learning_rate;
+  if (step < config.warmup_steps) return lr * static_cast<double>(step + 1) / static_cast<double>(config.warmup_steps);
+  if (config.decay_steps == 0) return lr;
+  const double floor = lr * config.min_lr_fraction;
+  if (step >= config.decay_steps) return floor;
+  double progress = static_cast<double>(step - config.warmup_steps) /
+                    static_cast<double>(std::max<size_t>(1, config.decay_steps - config.warmup_steps));
   return floor + 0.5 * (lr - floor) * (1.0 + std::cos(std::numbers::pi * progress));
 }
+
+double AdamW::learning_rate(size_t step) const { return adamw_learning_rate(config_, step); }
 
 double AdamW::step(float* params, float* grads) {
   const size_t n = m_.size();
@@ -50,6 +54,18 @@ double AdamW::step(float* params, float* grads) {
     params[i] -= lr_f * (mhat / (std::sqrt(vhat) + eps) + (decays_[i] ? wd * params[i] : 0.0f));
   }
   return norm;
+}
+
+Status AdamW::restore(std::vector<float> m, std::vector<float> v, size_t steps) {
+  if (m.size() != m_.size() || v.size() != v_.size()) {
+    return Status(ErrorCode::invalid_argument, "adamw restore: moments of " + std::to_string(m.size()) + " and " +
+                                                   std::to_string(v.size()) + " values, the model has " +
+                                                   std::to_string(m_.size()) + " parameters");
+  }
+  m_ = std::move(m);
+  v_ = std::move(v);
+  step_ = steps;
+  return {};
 }
 
 }  // namespace troupe::rl::model

@@ -32,6 +32,10 @@ struct AdamWConfig {
   double min_lr_fraction = 0.1;
 };
 
+/// The learning rate of step `step` (0-based) under `config`'s schedule:
+/// AdamW::learning_rate, shared with the CUDA model's optimizer.
+double adamw_learning_rate(const AdamWConfig& config, size_t step);
+
 /// AdamW state for one model (its layout). Not thread-safe.
 class AdamW {
  public:
@@ -49,6 +53,11 @@ class AdamW {
   /// The moments, in the parameters' layout.
   const std::vector<float>& m() const { return m_; }
   const std::vector<float>& v() const { return v_; }
+  /// Replaces the state with a saved one (a checkpoint's): the moments, in
+  /// the layout's order, and the steps taken, so that the next step is the
+  /// one that would have followed. Errors: invalid_argument when a moment
+  /// is not the layout's size (nothing changes then).
+  Status restore(std::vector<float> m, std::vector<float> v, size_t steps);
 
  private:
   AdamWConfig config_;

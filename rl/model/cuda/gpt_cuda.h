@@ -1,0 +1,132 @@
+// The policy model on one CUDA GPU: the CPU model's (gpt.h) forward,
+// backward and AdamW step (adamw.h), on device buffers of the same
+// parameter layout (config.h), so a checkpoint, a weight sync or the
+// optimizer's state moves between the two as one buffer each.
+//
+//   GptCuda m = GptCuda::make(config, {.device = 0, .bf16_matmuls = true}).value();
+//   m.init_from(cpu_model);                 // or upload_params(host)
+//   m.forward(tokens, targets, B, T);       // host inputs; m.losses(host) copies the losses back
+//   m.zero_grad();
+//   m.backward(dlosses);                    // grads += d(sum dlosses * losses) / d params
+//   double norm = m.adamw_step(adamw_config).value();
+//
+// Matrix products go to cuBLAS: float32 (cublasGemmEx, 32F compute), TF32
+// tensor cores (`tf32`), or bfloat16 (`bf16_matmuls`: float32 master
+// weights, weights and activations rounded to bf16 for the products, float32
+// accumulation and outputs; the attention's two batched products then use
+// TF32 on their float32 inputs instead of rounding the (B,NH,T,T) scores).
+// Everything else (LayerNorm, GELU, residuals, the causal softmax,
+// softmax + cross-entropy, bias and LayerNorm gradients, AdamW) is this
+// library's own kernels, in float32 (model/cuda/kernels.cuh).
+//
+// All work of one model runs in order on one CUDA stream of its own; the
+// host waits only where it reads a result (losses, downloads, the gradient
+// norm of adamw_step). Errors are values: a CUDA or cuBLAS failure comes
+// back as a Status naming the call; a fault inside a kernel shows at the
+// next call that waits (and leaves the device's context unusable, as CUDA
+// does).
+//
+// This header has no CUDA types: plain C++ code may include it.
+// Not thread-safe: one caller at a time. A moved-from GptCuda may only be
+// destroyed or assigned to.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "model/adamw.h"
+#include "model/config.h"
+#include "model/gpt.h"
+#include "troupe/status.h"
+
+namespace troupe::rl::model {
+
+/// Where and how a GptCuda computes.
+struct GptCudaOptions {
+  /// The CUDA device (cudaSetDevice's index).
+  int device = 0;
+  /// Matrix products on bf16 copies of weights and activations (float32
+  /// accumulation); parameters, gradients and optimizer state stay float32.
+  bool bf16_matmuls = false;
+  /// float32 matrix products on TF32 tensor cores (ignored with
+  /// bf16_matmuls, whose attention products always use TF32).
+  bool tf32 = false;
+};
+
+/// A GPT (config.h) whose parameters, gradients, AdamW moments and
+/// activations live on one CUDA device.
+class GptCuda {
+ public:
+  /// A model of `config` with zero parameters and gradients on
+  /// `options.device`. Errors: the config's (invalid_argument), no such
+  /// device (unsupported), CUDA or cuBLAS failing to start or to allocate
+  /// the parameters (start_failed).
+  static Result<GptCuda> make(const GptConfig& config, GptCudaOptions options = {});
+
+  GptCuda(GptCuda&&) noexcept;
+  GptCuda& operator=(GptCuda&&) noexcept;
+  ~GptCuda();
+
+  const ParamLayout& layout() const;
+  const GptConfig& config() const;
+  const GptCudaOptions& options() const;
+
+  /// Copies layout().total() parameters in, from host memory in the
+  /// layout's order.
+  Status upload_params(const float* host);
+  /// Copies the parameters out (layout().total() floats, layout order).
+  Status download_params(float* host);
+  /// Copies the gradients in / out, as the parameters.
+  Status upload_grads(const float* host);
+  Status download_grads(float* host);
+  /// Takes `cpu`'s parameters (its config must be this model's).
+  Status init_from(const Gpt<float>& cpu);
+
+  /// Runs the model on `tokens` (B,T) and the per-position losses of
+  /// predicting `targets` (B,T): -log p(target) (host arrays, read before
+  /// this returns). Keeps what backward needs. Errors, with nothing run:
+  /// B or T zero, T past the context length, a token or target outside the
+  /// vocabulary, activations too large for the device.
+  Status forward(const int32_t* tokens, const int32_t* targets, size_t B, size_t T);
+  /// Copies the last forward's B*T losses to `host`.
+  Status losses(float* host);
+
+  /// Sets the gradients to zero.
+  Status zero_grad();
+  /// grads += the gradient of sum_i dlosses[i] * losses[i] (dlosses: B*T
+  /// host floats for the last forward, read before this returns).
+  /// Errors: no forward before it.
+  Status backward(const float* dlosses);
+
+  /// One AdamW step of the parameters with the gradients, as AdamW::step
+  /// (adamw.h): decay on matrices only, the gradients scaled in place to
+  /// the clip norm when above it, the schedule at adamw_steps(). Returns the
+  /// gradients' global norm before clipping; when that is NaN or infinite
+  /// nothing changes (no update, no step counted). The moments are
+  /// allocated on the first step.
+  Result<double> adamw_step(const AdamWConfig& config);
+  /// AdamW steps taken so far.
+  size_t adamw_steps() const;
+  /// Copies the moments out (layout().total() floats each; zeros before
+  /// the first step).
+  Status download_adamw_state(float* m, float* v);
+  /// Replaces the optimizer's state (AdamW::restore's meaning): moments in
+  /// the layout's order and the steps taken.
+  Status restore_adamw_state(const float* m, const float* v, size_t steps);
+
+  /// Device pointers to the parameters and gradients (layout().total()
+  /// floats each), for collectives and weight sync. The model's work is on
+  /// its own stream: synchronize() before using them from another one.
+  float* device_params();
+  float* device_grads();
+  /// Waits for all enqueued work; reports a fault that happened in it.
+  Status synchronize();
+
+ private:
+  struct Impl;
+  explicit GptCuda(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace troupe::rl::model
