@@ -56,7 +56,7 @@ int main(int argc, char** argv) {
   app.add_option("--temperature", c.sampling.temperature);
   app.add_option("--eval-problems", c.eval_problems);
   app.add_option("--eval-every", c.eval_every);
-  app.add_flag("!--no-baseline", c.supervised_baseline, "skip the supervised baseline");
+  app.add_option("--baseline-steps", c.baseline_steps, "supervised steps of the baseline (0: none)");
   app.add_option("--curve", curve_path, "write the curves here as JSON lines");
   CLI11_PARSE(app, argc, argv);
 

@@ -25,3 +25,8 @@ trap '"$troupe" stop >/dev/null 2>&1 || true; rm -rf "$TROUPE_HOME"' EXIT
 "$troupe" start --address auto --node-id node-b --cpus 2 --labels rack=r2
 "$troupe" status
 "$troupe" stop
+
+# The policy model learning arithmetic in one process (docs/model.md): a
+# supervised warm-up on a weak teacher's labels, then GRPO with the exact
+# reward beside more supervised training (about two minutes on 2 cores).
+"$build/examples/troupe_example_rl_arithmetic"

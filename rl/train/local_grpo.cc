@@ -199,11 +199,12 @@ Result<LocalGrpoResult> run_local_grpo(const LocalGrpoConfig& config,
     result.grpo_accuracy = result.curve.back().accuracy;
   }
 
-  if (config.supervised_baseline) {
-    // The same number of steps of more supervised training, continuing the
-    // warm-up's optimizer and data.
+  if (config.baseline_steps > 0) {
+    // More supervised training, continuing the warm-up's optimizer and data.
     PolicyTrainer baseline = warm;
-    if (Status s = supervised(baseline, "supervised", config.rl_steps, config.seed + 3); !s.ok()) return error(s);
+    if (Status s = supervised(baseline, "supervised", config.baseline_steps, config.seed + 3); !s.ok()) {
+      return error(s);
+    }
     result.supervised_accuracy = result.curve.back().accuracy;
   }
   return result;

@@ -53,9 +53,12 @@ struct LocalGrpoConfig {
   model::PolicyLossConfig loss;
   model::AdamWConfig rl_optim;
 
-  /// The baseline: the same number of steps, supervised, on the warm-up set,
-  /// from the warm-up's end (false: no baseline).
-  bool supervised_baseline = true;
+  /// The baseline: `baseline_steps` more supervised steps on the warm-up
+  /// set from the warm-up's end (0: none). A GRPO step samples and trains on
+  /// prompts_per_step x group_size sequences, a supervised one on
+  /// warmup_batch: compare at equal wall time (CurvePoint::seconds), not
+  /// equal steps.
+  size_t baseline_steps = 400;
 
   /// Evaluation: `eval_problems` held-out problems of `eval_task` from
   /// `eval_seed`, every `eval_every` steps of each phase.
