@@ -15,23 +15,7 @@
 using namespace troupe::rl;
 
 int main(int argc, char** argv) {
-  // The run of docs/model.md and the [learning] test (test/rl/local_grpo_test.cc).
-  train::LocalGrpoConfig c;
-  c.model = {.vocab_size = 259, .context_length = 16, .layers = 2, .heads = 4, .channels = 64};
-  c.warmup_task = {.min_digits = 1, .max_digits = 2};
-  c.warmup_examples = 20000;
-  c.warmup_carry_drop = 0.5;
-  c.warmup_steps = 2000;
-  c.warmup_optim = {.learning_rate = 3e-3, .weight_decay = 0.1, .warmup_steps = 20};
-  c.rl_task = {.min_digits = 2, .max_digits = 2};
-  c.rl_steps = 100;
-  c.prompts_per_step = 32;
-  c.group_size = 8;
-  c.sampling = {.temperature = 1.0};
-  c.rl_optim = {.learning_rate = 3e-4, .weight_decay = 0.0};
-  c.eval_task = {.min_digits = 2, .max_digits = 2};
-  c.eval_problems = 400;
-  c.eval_every = 50;
+  train::LocalGrpoConfig c = train::arithmetic_weak_teacher_run();  // docs/model.md's run
   std::string curve_path;
   CLI::App app{"troupe: the policy model learning arithmetic (supervised warm-up, then GRPO vs more supervision)"};
   app.add_option("--layers", c.model.layers);

@@ -70,6 +70,29 @@ Status LocalGrpoConfig::validate() const {
   return sampling.validate();
 }
 
+LocalGrpoConfig arithmetic_weak_teacher_run() {
+  LocalGrpoConfig c;
+  c.model = {.vocab_size = 259, .context_length = 16, .layers = 2, .heads = 4, .channels = 64};
+  c.seed = 1;
+  c.warmup_task = {.min_digits = 1, .max_digits = 2};
+  c.warmup_examples = 20000;
+  c.warmup_carry_drop = 0.5;
+  c.warmup_steps = 2000;
+  c.warmup_batch = 64;
+  c.warmup_optim = {.learning_rate = 3e-3, .weight_decay = 0.1, .warmup_steps = 20};
+  c.rl_task = {.min_digits = 2, .max_digits = 2};
+  c.rl_steps = 100;
+  c.prompts_per_step = 32;
+  c.group_size = 8;
+  c.sampling = {.temperature = 1.0};
+  c.rl_optim = {.learning_rate = 3e-4, .weight_decay = 0.0};
+  c.baseline_steps = 400;  // about the wall time of GRPO's 100 steps
+  c.eval_task = {.min_digits = 2, .max_digits = 2};
+  c.eval_problems = 400;
+  c.eval_every = 50;
+  return c;
+}
+
 Result<double> arithmetic_accuracy(const model::Gpt<float>& m, const std::vector<tasks::ArithmeticProblem>& problems) {
   std::vector<std::vector<int32_t>> prompts;
   size_t budget = 0;

@@ -5,27 +5,25 @@ namespace troupe::rl::train {
 PolicyTrainer::PolicyTrainer(model::Gpt<float> model, const model::AdamWConfig& optim)
     : model_(std::move(model)), adamw_(model_.layout(), optim) {}
 
-Result<StepStats> PolicyTrainer::supervised_step(const TrainBatch& batch) {
-  if (Status s = model_.forward(batch.tokens.data(), batch.targets.data(), batch.B, batch.T); !s.ok()) {
-    return error(s);
-  }
+Status PolicyTrainer::forward_logprobs(const TrainBatch& batch) {
+  if (Status s = model_.forward(batch.tokens.data(), batch.targets.data(), batch.B, batch.T); !s.ok()) return s;
   const size_t n = batch.B * batch.T;
   logprobs_.resize(n);
   dlogprobs_.resize(n);
   for (size_t i = 0; i < n; ++i) logprobs_[i] = -model_.losses()[i];
+  return {};
+}
+
+Result<StepStats> PolicyTrainer::supervised_step(const TrainBatch& batch) {
+  if (Status s = forward_logprobs(batch); !s.ok()) return error(s);
+  const size_t n = batch.B * batch.T;
   float loss = model::masked_nll_loss(logprobs_.data(), batch.mask.data(), n, dlogprobs_.data());
   return finish_step(batch, loss);
 }
 
 Result<StepStats> PolicyTrainer::policy_step(const TrainBatch& batch, const model::PolicyLossConfig& config,
                                              const float* ref_logprobs) {
-  if (Status s = model_.forward(batch.tokens.data(), batch.targets.data(), batch.B, batch.T); !s.ok()) {
-    return error(s);
-  }
-  const size_t n = batch.B * batch.T;
-  logprobs_.resize(n);
-  dlogprobs_.resize(n);
-  for (size_t i = 0; i < n; ++i) logprobs_[i] = -model_.losses()[i];
+  if (Status s = forward_logprobs(batch); !s.ok()) return error(s);
   model::PolicyLossInputs<float> in{.B = batch.B,
                                     .T = batch.T,
                                     .logprobs = logprobs_.data(),

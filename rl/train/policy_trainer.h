@@ -48,6 +48,8 @@ class PolicyTrainer {
                                 const float* ref_logprobs = nullptr);
 
  private:
+  // The model's forward on the batch, its log-probabilities in logprobs_.
+  Status forward_logprobs(const TrainBatch& batch);
   // Backward of d loss / d logprobs, then the optimizer step.
   StepStats finish_step(const TrainBatch& batch, double loss);
 
