@@ -16,12 +16,14 @@
 #include <string>
 #include <vector>
 
+#include "../common/blas.h"
 #include "../common/report.h"
 #include "model/generate.h"
 
 using troupe::bench::emit;
 using troupe::bench::quantile;
 using troupe::bench::seconds_since;
+using troupe::bench::sgemm_gflops;
 using namespace troupe::rl::model;
 using Clock = std::chrono::steady_clock;
 
@@ -49,19 +51,6 @@ double sgemv_pass_seconds(const Gpt<float>& m, int reps) {
     }
     mv(m.layout().lm_head(), c.vocab_size, C);
     best = std::min(best, seconds_since(t0));
-  }
-  return best;
-}
-
-double sgemm_gflops(size_t M, size_t N, size_t K, int reps) {
-  std::vector<float> a(M * K, 0.5f), b(K * N, 0.25f), c(M * N);
-  double best = 0;
-  for (int r = 0; r < reps; ++r) {
-    auto t0 = Clock::now();
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(M), static_cast<int>(N),
-                static_cast<int>(K), 1.0f, a.data(), static_cast<int>(K), b.data(), static_cast<int>(K), 0.0f,
-                c.data(), static_cast<int>(N));
-    best = std::max(best, 2.0 * static_cast<double>(M * N * K) / seconds_since(t0) / 1e9);
   }
   return best;
 }

@@ -2,46 +2,48 @@
 // machine: tokens/s and the achieved GFLOP/s (6 x parameters per token for
 // the matrix products, plus the attention's 12 x layers x T x C), against
 // OpenBLAS's sgemm GFLOP/s on the model's largest matrix product (the MLP's,
-// B*T x C x 4C) measured in the same run: the roofline.
+// B*T x C x 4C) measured in the same run, with OpenBLAS's own threads on
+// every core: the roofline. The model runs on the compute threads
+// (rl/model/threads.h; --threads N, default every core).
 #include <cblas.h>
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "../common/blas.h"
 #include "../common/report.h"
 #include "model/adamw.h"
 #include "model/gpt.h"
+#include "model/threads.h"
 
 using troupe::bench::emit;
 using troupe::bench::quantile;
+using troupe::bench::seconds_since;
+using troupe::bench::sgemm_gflops;
 using namespace troupe::rl::model;
 using Clock = std::chrono::steady_clock;
 
 namespace {
 
-double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
-
-/// sgemm GFLOP/s for (M x K) x (K x N), best of `reps`.
-double sgemm_gflops(size_t M, size_t N, size_t K, int reps) {
-  std::vector<float> a(M * K, 0.5f), b(K * N, 0.25f), c(M * N);
-  double best = 0;
-  for (int r = 0; r < reps; ++r) {
-    auto t0 = Clock::now();
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(M), static_cast<int>(N),
-                static_cast<int>(K), 1.0f, a.data(), static_cast<int>(K), b.data(), static_cast<int>(K), 0.0f,
-                c.data(), static_cast<int>(N));
-    best = std::max(best, 2.0 * static_cast<double>(M * N * K) / seconds_since(t0) / 1e9);
+/// The N of --threads N, or 0 (every core).
+size_t threads_arg(int argc, char** argv) {
+  for (int i = 1; i + 1 < argc; ++i) {
+    if (std::strcmp(argv[i], "--threads") == 0) return static_cast<size_t>(std::strtoul(argv[i + 1], nullptr, 10));
   }
-  return best;
+  return 0;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   bool quick = troupe::bench::quick(argc, argv);
+  set_compute_threads(threads_arg(argc, argv));
   GptConfig cfg{.vocab_size = 259, .context_length = 128, .layers = 4, .heads = 4, .channels = 256};
   const size_t B = 8, T = 128;
   auto model = Gpt<float>::make(cfg);
@@ -76,7 +78,8 @@ int main(int argc, char** argv) {
   // Matrix products: 6 flops per parameter per token (forward 2, backward 4),
   // embeddings counted once (their lookup is not a product; the tied output
   // projection is); attention: 6 x 2 x L x T x C per token (scores and
-  // values, forward and backward, the causal half of it done as full here).
+  // values, forward and backward, counted in full as is the convention,
+  // though the kernels skip most of the causal zero half).
   double params = static_cast<double>(model->layout().total() - cfg.context_length * cfg.channels);
   double flops_per_token = 6.0 * params + 12.0 * L * static_cast<double>(T) * C;
   double tokens_per_s = static_cast<double>(B * T) / t;
@@ -86,5 +89,6 @@ int main(int argc, char** argv) {
   emit("rl.model_cpu_train", "tokens_per_s_" + shape, tokens_per_s, "tokens/s", "", 0, "report");
   emit("rl.model_cpu_train", "gflops_" + shape, gflops, "GFLOP/s", "OpenBLAS sgemm (B*T x C x 4C), this run", roof,
        "ratio >= 0.5");
+  emit("rl.model_cpu_train", "compute_threads", static_cast<double>(compute_threads()), "threads", "", 0, "report");
   return 0;
 }

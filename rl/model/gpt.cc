@@ -6,6 +6,7 @@
 #include <string>
 
 #include "model/kernels.h"
+#include "model/threads.h"
 
 namespace troupe::rl::model {
 
@@ -49,38 +50,38 @@ void Gpt<F>::size_for(size_t B, size_t T) {
   T_ = T;
   const GptConfig& c = config();
   const size_t BT = B * T, C = c.channels, NH = c.heads, V = c.vocab_size;
-  auto size_layer = [&](LayerActs& a) {
-    a.ln1.assign(BT * C, 0);
-    a.ln1_mean.assign(BT, 0);
-    a.ln1_rstd.assign(BT, 0);
-    a.qkv.assign(BT * 3 * C, 0);
-    a.atty.assign(BT * C, 0);
-    a.preatt.assign(B * NH * T * T, 0);
-    a.att.assign(B * NH * T * T, 0);
-    a.attproj.assign(BT * C, 0);
-    a.residual2.assign(BT * C, 0);
-    a.ln2.assign(BT * C, 0);
-    a.ln2_mean.assign(BT, 0);
-    a.ln2_rstd.assign(BT, 0);
-    a.fch.assign(BT * 4 * C, 0);
-    a.fch_gelu.assign(BT * 4 * C, 0);
-    a.fcproj.assign(BT * C, 0);
-    a.residual3.assign(BT * C, 0);
-  };
   acts_.resize(c.layers);
-  dacts_.resize(c.layers);
-  for (auto& a : acts_) size_layer(a);
-  for (auto& a : dacts_) size_layer(a);
-  encoded_.assign(BT * C, 0);
-  dencoded_.assign(BT * C, 0);
-  lnf_.assign(BT * C, 0);
-  dlnf_.assign(BT * C, 0);
-  lnf_mean_.assign(BT, 0);
-  lnf_rstd_.assign(BT, 0);
-  logits_.assign(BT * V, 0);
-  dlogits_.assign(BT * V, 0);
-  probs_.assign(BT * V, 0);
-  losses_.assign(BT, 0);
+  for (LayerActs& a : acts_) {
+    a.ln1.resize(BT * C);
+    a.ln1_mean.resize(BT);
+    a.ln1_rstd.resize(BT);
+    a.qkv.resize(BT * 3 * C);
+    a.atty.resize(BT * C);
+    a.att.resize(B * NH * T * T);
+    a.attproj.resize(BT * C);
+    a.residual2.resize(BT * C);
+    a.ln2.resize(BT * C);
+    a.ln2_mean.resize(BT);
+    a.ln2_rstd.resize(BT);
+    a.fch.resize(BT * 4 * C);
+    a.fch_gelu.resize(BT * 4 * C);
+    a.fcproj.resize(BT * C);
+    a.residual3.resize(BT * C);
+  }
+  encoded_.resize(BT * C);
+  lnf_.resize(BT * C);
+  lnf_mean_.resize(BT);
+  lnf_rstd_.resize(BT);
+  logits_.resize(BT * V);
+  probs_.resize(BT * V);
+  losses_.resize(BT);
+  preatt_.resize(B * NH * T * T);
+  dresidual_.resize(BT * C);
+  dc_.resize(BT * C);
+  d4c_.resize(BT * 4 * C);
+  dqkv_.resize(BT * 3 * C);
+  datt_.resize(B * NH * T * T);
+  dlogits_.resize(BT * V);
 }
 
 template <typename F>
@@ -113,7 +114,7 @@ Status Gpt<F>::forward(const int32_t* tokens, const int32_t* targets, size_t B, 
     const F* residual = l == 0 ? encoded_.data() : acts_[l - 1].residual3.data();
     layernorm_forward(a.ln1.data(), a.ln1_mean.data(), a.ln1_rstd.data(), residual, p + o.ln1_w, p + o.ln1_b, BT, C);
     matmul_forward(a.qkv.data(), a.ln1.data(), p + o.qkv_w, p + o.qkv_b, BT, C, 3 * C);
-    attention_forward(a.atty.data(), a.preatt.data(), a.att.data(), a.qkv.data(), B, T, C, NH);
+    attention_forward(a.atty.data(), preatt_.data(), a.att.data(), a.qkv.data(), B, T, C, NH);
     matmul_forward(a.attproj.data(), a.atty.data(), p + o.proj_w, p + o.proj_b, BT, C, C);
     residual_forward(a.residual2.data(), residual, a.attproj.data(), BT * C);
     layernorm_forward(a.ln2.data(), a.ln2_mean.data(), a.ln2_rstd.data(), a.residual2.data(), p + o.ln2_w,
@@ -140,7 +141,8 @@ F Gpt<F>::mean_loss() const {
 
 template <typename F>
 void Gpt<F>::zero_grad() {
-  std::fill(grads_.begin(), grads_.end(), F(0));
+  parallel_for(grads_.size(), size_t{1} << 16,
+               [&](size_t i0, size_t i1) { std::fill(grads_.begin() + i0, grads_.begin() + i1, F(0)); });
 }
 
 template <typename F>
@@ -149,46 +151,38 @@ void Gpt<F>::backward(const F* dlosses) {
   const size_t B = B_, T = T_, BT = B * T, C = c.channels, NH = c.heads, V = c.vocab_size;
   const F* p = params_.data();
   F* g = grads_.data();
-  // The activations' gradients accumulate: start from zero.
-  auto zero = [](std::vector<F>& v) { std::fill(v.begin(), v.end(), F(0)); };
-  for (LayerActs& d : dacts_) {
-    for (auto* v : {&d.ln1, &d.qkv, &d.atty, &d.preatt, &d.att, &d.attproj, &d.residual2, &d.ln2, &d.fch, &d.fch_gelu,
-                    &d.fcproj, &d.residual3}) {
-      zero(*v);
-    }
-  }
-  zero(dencoded_);
-  zero(dlnf_);
-  zero(dlogits_);
-
-  crossentropy_softmax_backward(dlogits_.data(), dlosses, probs_.data(), targets_.data(), BT, V);
-  matmul_backward(dlnf_.data(), g + layout_.lm_head(), static_cast<F*>(nullptr), dlogits_.data(), lnf_.data(),
-                  p + layout_.lm_head(), BT, C, V);
-  layernorm_backward(dacts_.back().residual3.data(), g + layout_.lnf_w(), g + layout_.lnf_b(), dlnf_.data(),
-                     acts_.back().residual3.data(), p + layout_.lnf_w(), lnf_mean_.data(), lnf_rstd_.data(), BT, C);
+  // dres: the residual stream's gradient, from the output back to the
+  // embeddings. A residual connection passes it on unchanged, so one buffer
+  // serves every layer: each LayerNorm's backward adds its branch into it.
+  // Every other gradient has one writer (Grad::write): nothing to zero.
+  F* dres = dresidual_.data();
+  crossentropy_softmax_backward(dlogits_.data(), dlosses, probs_.data(), targets_.data(), BT, V, Grad::write);
+  matmul_backward(dc_.data(), g + layout_.lm_head(), static_cast<F*>(nullptr), dlogits_.data(), lnf_.data(),
+                  p + layout_.lm_head(), BT, C, V, Grad::write);
+  layernorm_backward(dres, g + layout_.lnf_w(), g + layout_.lnf_b(), dc_.data(), acts_.back().residual3.data(),
+                     p + layout_.lnf_w(), lnf_mean_.data(), lnf_rstd_.data(), BT, C, Grad::write);
   for (size_t l = c.layers; l-- > 0;) {
     const LayerOffsets& o = layout_.layer(l);
-    LayerActs& a = acts_[l];
-    LayerActs& d = dacts_[l];
+    const LayerActs& a = acts_[l];
     const F* residual = l == 0 ? encoded_.data() : acts_[l - 1].residual3.data();
-    F* dresidual = l == 0 ? dencoded_.data() : dacts_[l - 1].residual3.data();
-    residual_backward(d.residual2.data(), d.fcproj.data(), d.residual3.data(), BT * C);
-    matmul_backward(d.fch_gelu.data(), g + o.fcproj_w, g + o.fcproj_b, d.fcproj.data(), a.fch_gelu.data(),
-                    p + o.fcproj_w, BT, 4 * C, C);
-    gelu_backward(d.fch.data(), a.fch.data(), d.fch_gelu.data(), BT * 4 * C);
-    matmul_backward(d.ln2.data(), g + o.fc_w, g + o.fc_b, d.fch.data(), a.ln2.data(), p + o.fc_w, BT, C, 4 * C);
-    layernorm_backward(d.residual2.data(), g + o.ln2_w, g + o.ln2_b, d.ln2.data(), a.residual2.data(), p + o.ln2_w,
-                       a.ln2_mean.data(), a.ln2_rstd.data(), BT, C);
-    residual_backward(dresidual, d.attproj.data(), d.residual2.data(), BT * C);
-    matmul_backward(d.atty.data(), g + o.proj_w, g + o.proj_b, d.attproj.data(), a.atty.data(), p + o.proj_w, BT, C,
-                    C);
-    attention_backward(d.qkv.data(), d.preatt.data(), d.att.data(), d.atty.data(), a.qkv.data(), a.att.data(), B, T,
-                       C, NH);
-    matmul_backward(d.ln1.data(), g + o.qkv_w, g + o.qkv_b, d.qkv.data(), a.ln1.data(), p + o.qkv_w, BT, C, 3 * C);
-    layernorm_backward(dresidual, g + o.ln1_w, g + o.ln1_b, d.ln1.data(), residual, p + o.ln1_w, a.ln1_mean.data(),
+    // The MLP: residual3 = residual2 + fcproj(gelu(fc(ln2(residual2)))).
+    matmul_backward(d4c_.data(), g + o.fcproj_w, g + o.fcproj_b, dres, a.fch_gelu.data(), p + o.fcproj_w, BT, 4 * C, C,
+                    Grad::write);
+    gelu_backward(d4c_.data(), a.fch.data(), d4c_.data(), BT * 4 * C, Grad::write);
+    matmul_backward(dc_.data(), g + o.fc_w, g + o.fc_b, d4c_.data(), a.ln2.data(), p + o.fc_w, BT, C, 4 * C,
+                    Grad::write);
+    layernorm_backward(dres, g + o.ln2_w, g + o.ln2_b, dc_.data(), a.residual2.data(), p + o.ln2_w, a.ln2_mean.data(),
+                       a.ln2_rstd.data(), BT, C);
+    // Attention: residual2 = residual + proj(attention(qkv(ln1(residual)))).
+    matmul_backward(dc_.data(), g + o.proj_w, g + o.proj_b, dres, a.atty.data(), p + o.proj_w, BT, C, C, Grad::write);
+    attention_backward(dqkv_.data(), preatt_.data(), datt_.data(), dc_.data(), a.qkv.data(), a.att.data(), B, T, C,
+                       NH, Grad::write);
+    matmul_backward(dc_.data(), g + o.qkv_w, g + o.qkv_b, dqkv_.data(), a.ln1.data(), p + o.qkv_w, BT, C, 3 * C,
+                    Grad::write);
+    layernorm_backward(dres, g + o.ln1_w, g + o.ln1_b, dc_.data(), residual, p + o.ln1_w, a.ln1_mean.data(),
                        a.ln1_rstd.data(), BT, C);
   }
-  encoder_backward(g + layout_.wte(), g + layout_.wpe(), dencoded_.data(), tokens_.data(), B, T, C);
+  encoder_backward(g + layout_.wte(), g + layout_.wpe(), dres, tokens_.data(), B, T, C);
 }
 
 template class Gpt<float>;

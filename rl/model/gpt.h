@@ -15,7 +15,8 @@
 // with a mask (1/count on answer tokens, 0 on the prompt) and, with the
 // policy-gradient loss's derivative, the RL update.
 //
-// Not thread-safe: one caller at a time (BLAS uses its own threads).
+// Not thread-safe: one caller at a time. The kernels run on the compute
+// threads (threads.h: set_compute_threads).
 #pragma once
 
 #include <cstddef>
@@ -69,13 +70,13 @@ class Gpt {
 
  private:
   explicit Gpt(ParamLayout layout);
-  // Sizes the activations (and their gradients) for (B, T).
+  // Sizes the activations and the backward's scratch for (B, T).
   void size_for(size_t B, size_t T);
 
-  /// What one layer's forward keeps, and the same shapes for its gradient.
+  /// What one layer's forward keeps for the backward.
   struct LayerActs {
-    std::vector<F> ln1, ln1_mean, ln1_rstd, qkv, atty, preatt, att, attproj, residual2, ln2, ln2_mean, ln2_rstd, fch,
-        fch_gelu, fcproj, residual3;
+    std::vector<F> ln1, ln1_mean, ln1_rstd, qkv, atty, att, attproj, residual2, ln2, ln2_mean, ln2_rstd, fch, fch_gelu,
+        fcproj, residual3;
   };
 
   ParamLayout layout_;
@@ -83,8 +84,13 @@ class Gpt {
   size_t B_ = 0, T_ = 0;
   std::vector<int32_t> tokens_, targets_;
   std::vector<F> encoded_, lnf_, lnf_mean_, lnf_rstd_, logits_, probs_, losses_;
-  std::vector<LayerActs> acts_, dacts_;
-  std::vector<F> dencoded_, dlnf_, dlogits_;
+  std::vector<LayerActs> acts_;
+  // Scratch, reused layer after layer: preatt_ (B,NH,T,T) the attention
+  // scores (the backward needs only their softmax, then its gradient), and
+  // the backward's gradients: dresidual_ (B*T,C) the residual stream's,
+  // dc_ (B*T,C) a LayerNorm's output's or the attention's, d4c_ (B*T,4C) the
+  // MLP's hidden, dqkv_ (B*T,3C), datt_ (B,NH,T,T), dlogits_ (B*T,V).
+  std::vector<F> preatt_, dresidual_, dc_, d4c_, dqkv_, datt_, dlogits_;
 };
 
 extern template class Gpt<float>;

@@ -1,8 +1,9 @@
 // The layers of the policy model as plain functions over plain buffers
 // (llm.c's style): each forward writes its outputs, each backward ADDS into
 // the gradient buffers it is given (so a gradient shared by several uses,
-// like a residual stream, accumulates), and every buffer's shape is in the
-// comment, row-major, with
+// like a residual stream, accumulates) unless told to write its input's
+// gradient (Grad::write: no zeroing first), and every buffer's shape is in
+// the comment, row-major, with
 //
 //   B batch, T time (positions), C channels, NH heads, hs = C / NH,
 //   OC output channels, V vocabulary, N rows (B * T where flattened).
@@ -10,14 +11,26 @@
 // Every kernel is a template on the scalar type, instantiated for float (the
 // model) and double (the reference the tests check gradients against by
 // finite differences). Matrix products go to BLAS (OpenBLAS's sgemm/dgemm);
-// the rest are loops. No allocation, no I/O, no threads of their own beyond
-// BLAS's.
+// the rest are vectorised loops. Each kernel splits its work over the
+// compute threads (threads.h) in ranges that depend only on the sizes and
+// the thread count, so results are reproducible at a given thread count.
+// No allocation, no I/O.
+//
+// Float is computed with float's own rounding except where that loses
+// digits the model needs (LayerNorm's statistics, in double); exp is a
+// polynomial within 2 ulp of the exact value (std::exp for double, so the
+// finite-difference checks stay exact).
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 
 namespace troupe::rl::model {
+
+/// What a backward does with the input gradient buffer it is given: add to
+/// it (the default: a gradient with several uses accumulates), or write it
+/// (the buffer's only writer: it need not be zeroed first).
+enum class Grad { add, write };
 
 /// out[b,t,:] = wte[tokens[b,t],:] + wpe[t,:].
 /// out (B,T,C), tokens (B,T) each < V, wte (V,C), wpe (>= T, C).
@@ -32,19 +45,20 @@ void encoder_backward(F* dwte, F* dwpe, const F* dout, const int32_t* tokens, si
 /// kept for the backward.
 template <typename F>
 void layernorm_forward(F* out, F* mean, F* rstd, const F* inp, const F* weight, const F* bias, size_t N, size_t C);
-/// dinp (N,C), dweight (C), dbias (C) += the gradients for dout (N,C).
+/// dinp (N,C) += (or = by `mode`), dweight (C) and dbias (C) += the
+/// gradients for dout (N,C).
 template <typename F>
 void layernorm_backward(F* dinp, F* dweight, F* dbias, const F* dout, const F* inp, const F* weight, const F* mean,
-                        const F* rstd, size_t N, size_t C);
+                        const F* rstd, size_t N, size_t C, Grad mode = Grad::add);
 
 /// out (N,OC) = inp (N,C) x weight (OC,C)^T + bias (OC; may be null).
 template <typename F>
 void matmul_forward(F* out, const F* inp, const F* weight, const F* bias, size_t N, size_t C, size_t OC);
-/// dinp (N,C) += dout x weight; dweight (OC,C) += dout^T x inp; dbias (OC)
-/// += column sums of dout (when not null).
+/// dinp (N,C) += (or = by `mode`) dout x weight; dweight (OC,C) += dout^T
+/// x inp; dbias (OC) += column sums of dout (when not null).
 template <typename F>
 void matmul_backward(F* dinp, F* dweight, F* dbias, const F* dout, const F* inp, const F* weight, size_t N, size_t C,
-                     size_t OC);
+                     size_t OC, Grad mode = Grad::add);
 
 /// Causal multi-head self-attention. qkv (B,T,3C) holds q, k and v of
 /// each position side by side; out (B,T,C). preatt and att (B,NH,T,T) keep
@@ -52,18 +66,20 @@ void matmul_backward(F* dinp, F* dweight, F* dbias, const F* dout, const F* inp,
 /// the backward; entries above the diagonal are left zero.
 template <typename F>
 void attention_forward(F* out, F* preatt, F* att, const F* qkv, size_t B, size_t T, size_t C, size_t NH);
-/// dqkv (B,T,3C) += the gradient for dout (B,T,C); dpreatt and datt
-/// (B,NH,T,T) are scratch, accumulated into (zero them first).
+/// dqkv (B,T,3C) += (or = by `mode`) the gradient for dout (B,T,C);
+/// dpreatt and datt (B,NH,T,T) are scratch (overwritten; their contents
+/// need not be zero).
 template <typename F>
 void attention_backward(F* dqkv, F* dpreatt, F* datt, const F* dout, const F* qkv, const F* att, size_t B, size_t T,
-                        size_t C, size_t NH);
+                        size_t C, size_t NH, Grad mode = Grad::add);
 
 /// GELU, tanh approximation (GPT-2's), elementwise on n values.
 template <typename F>
 void gelu_forward(F* out, const F* inp, size_t n);
-/// dinp += gelu'(inp) * dout.
+/// dinp += (or = by `mode`) gelu'(inp) * dout. With Grad::write, dinp may
+/// be dout itself (the gradient in place).
 template <typename F>
-void gelu_backward(F* dinp, const F* inp, const F* dout, size_t n);
+void gelu_backward(F* dinp, const F* inp, const F* dout, size_t n, Grad mode = Grad::add);
 
 /// out = a + b, elementwise on n values.
 template <typename F>
@@ -78,10 +94,11 @@ void softmax_forward(F* probs, const F* logits, size_t N, size_t V);
 /// losses[i] = -log probs[i, targets[i]] for each of N rows.
 template <typename F>
 void crossentropy_forward(F* losses, const F* probs, const int32_t* targets, size_t N, size_t V);
-/// dlogits (N,V) += (probs - onehot(targets)) * dlosses[i]: the gradient of
-/// sum_i dlosses[i] * losses[i] through the softmax.
+/// dlogits (N,V) += (or = by `mode`) (probs - onehot(targets)) *
+/// dlosses[i]: the gradient of sum_i dlosses[i] * losses[i] through the
+/// softmax.
 template <typename F>
 void crossentropy_softmax_backward(F* dlogits, const F* dlosses, const F* probs, const int32_t* targets, size_t N,
-                                   size_t V);
+                                   size_t V, Grad mode = Grad::add);
 
 }  // namespace troupe::rl::model

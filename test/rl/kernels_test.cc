@@ -2,15 +2,21 @@
 // differences: every backward, run in double, gives the gradient that
 // central differences of the forward give (to 1e-6 relative), and the float
 // instantiation the model runs gives what double does (to float's
-// precision). Small shapes: B=2, T=5, C=8, NH=2, OC=6, V=11.
+// precision). Small shapes: B=2, T=5, C=8, NH=2, OC=6, V=11. Then the
+// write mode of the backwards, the float exp's accuracy, and the compute
+// threads (rl/model/threads.h): every range run once, and the kernels'
+// results the same at any thread count.
+#include <atomic>
 #include <cmath>
 #include <functional>
 #include <random>
+#include <thread>
 #include <vector>
 
 #include <catch2/catch.hpp>
 
 #include "model/kernels.h"
+#include "model/threads.h"
 
 using namespace troupe::rl::model;
 
@@ -208,4 +214,242 @@ TEST_CASE("model kernels: softmax cross-entropy's gradient matches finite differ
   crossentropy_forward(l.data(), p.data(), &target, 1, V);
   CHECK(std::isfinite(l[0]));
   CHECK(l[0] == Approx(-(1.0 - std::log(std::exp(1.0) + (V - 1)))).epsilon(1e-5));
+}
+
+TEST_CASE("model kernels: attention over several blocks of positions matches finite differences and float",
+          "[rl][model]") {
+  // T = 40 crosses the kernels' blocks of positions (16) and ends inside one.
+  const size_t b = 1, t = 40, c = 8, nh = 2;
+  auto qkv = random_vector(b * t * 3 * c, 19), w = random_vector(b * t * c, 20);
+  std::vector<double> out(b * t * c), preatt(b * nh * t * t), att(b * nh * t * t);
+  auto loss = [&] {
+    attention_forward(out.data(), preatt.data(), att.data(), qkv.data(), b, t, c, nh);
+    return dot(out, w);
+  };
+  loss();
+  // The scratch need not start at zero; dqkv is added to.
+  std::vector<double> dqkv(qkv.size(), 0.5), dpreatt(preatt.size(), 7.0), datt(att.size(), -3.0);
+  attention_backward(dqkv.data(), dpreatt.data(), datt.data(), w.data(), qkv.data(), att.data(), b, t, c, nh);
+  for (auto& x : dqkv) x -= 0.5;
+  CHECK(max_rel_diff(dqkv, numeric_grad(qkv, loss)) < 1e-6);
+  loss();
+  for (size_t h = 0; h < nh; ++h) {
+    for (size_t r = 0; r < t; ++r) {
+      for (size_t col = r + 1; col < t; ++col) {
+        CHECK(att[(h * t + r) * t + col] == 0.0);
+        CHECK(preatt[(h * t + r) * t + col] == 0.0);
+      }
+    }
+  }
+
+  auto fqkv = to_float(qkv), fw = to_float(w);
+  std::vector<float> fout(out.size()), fpreatt(preatt.size()), fatt(att.size()), fdqkv(qkv.size());
+  std::vector<float> fdpreatt(preatt.size()), fdatt(att.size());
+  attention_forward(fout.data(), fpreatt.data(), fatt.data(), fqkv.data(), b, t, c, nh);
+  attention_backward(fdqkv.data(), fdpreatt.data(), fdatt.data(), fw.data(), fqkv.data(), fatt.data(), b, t, c, nh);
+  CHECK(max_rel_diff(fout, out) < 1e-5);
+  CHECK(max_rel_diff(fdqkv, dqkv) < 1e-4);
+}
+
+TEST_CASE("model kernels: a backward in write mode gives what adding into zeros gives", "[rl][model]") {
+  const size_t N = B * T;
+  auto same = [](const std::vector<double>& a, const std::vector<double>& b) { return max_rel_diff(a, b) == 0.0; };
+  {
+    auto inp = random_vector(N * C, 21), weight = random_vector(OC * C, 22), dout = random_vector(N * OC, 23);
+    std::vector<double> added(N * C, 0.0), written(N * C, 9.0), dw(OC * C), db(OC);
+    matmul_backward(added.data(), dw.data(), db.data(), dout.data(), inp.data(), weight.data(), N, C, OC);
+    matmul_backward(written.data(), dw.data(), db.data(), dout.data(), inp.data(), weight.data(), N, C, OC,
+                    Grad::write);
+    CHECK(same(written, added));
+  }
+  {
+    auto inp = random_vector(N * C, 24, 2.0), weight = random_vector(C, 25), bias = random_vector(C, 26);
+    auto dout = random_vector(N * C, 27);
+    std::vector<double> out(N * C), mean(N), rstd(N), dw(C), db(C), added(N * C, 0.0), written(N * C, -4.0);
+    layernorm_forward(out.data(), mean.data(), rstd.data(), inp.data(), weight.data(), bias.data(), N, C);
+    layernorm_backward(added.data(), dw.data(), db.data(), dout.data(), inp.data(), weight.data(), mean.data(),
+                       rstd.data(), N, C);
+    layernorm_backward(written.data(), dw.data(), db.data(), dout.data(), inp.data(), weight.data(), mean.data(),
+                       rstd.data(), N, C, Grad::write);
+    CHECK(same(written, added));
+  }
+  {
+    auto qkv = random_vector(B * T * 3 * C, 28), dout = random_vector(B * T * C, 29);
+    std::vector<double> out(B * T * C), preatt(B * NH * T * T), att(B * NH * T * T), scratch1(att.size());
+    std::vector<double> scratch2(att.size()), added(qkv.size(), 0.0), written(qkv.size(), 3.0);
+    attention_forward(out.data(), preatt.data(), att.data(), qkv.data(), B, T, C, NH);
+    attention_backward(added.data(), scratch1.data(), scratch2.data(), dout.data(), qkv.data(), att.data(), B, T, C,
+                       NH);
+    attention_backward(written.data(), scratch1.data(), scratch2.data(), dout.data(), qkv.data(), att.data(), B, T, C,
+                       NH, Grad::write);
+    CHECK(same(written, added));
+  }
+  {
+    const size_t n = 50;
+    auto inp = random_vector(n, 30, 3.0), dout = random_vector(n, 31);
+    std::vector<double> added(n, 0.0), written(n, 1.0), in_place = dout;
+    gelu_backward(added.data(), inp.data(), dout.data(), n);
+    gelu_backward(written.data(), inp.data(), dout.data(), n, Grad::write);
+    gelu_backward(in_place.data(), inp.data(), in_place.data(), n, Grad::write);
+    CHECK(same(written, added));
+    CHECK(same(in_place, added));
+  }
+  {
+    auto probs = random_vector(N * V, 32), dlosses = random_vector(N, 33);
+    std::vector<int32_t> targets(N);
+    for (size_t i = 0; i < N; ++i) targets[i] = static_cast<int32_t>((i * 5) % V);
+    std::vector<double> added(N * V, 0.0), written(N * V, 2.0);
+    crossentropy_softmax_backward(added.data(), dlosses.data(), probs.data(), targets.data(), N, V);
+    crossentropy_softmax_backward(written.data(), dlosses.data(), probs.data(), targets.data(), N, V, Grad::write);
+    CHECK(same(written, added));
+  }
+}
+
+TEST_CASE("model kernels: float's exp is within 2e-7 of exact, so softmax and gelu are within float precision",
+          "[rl][model]") {
+  // Softmax rows whose logits span 80 (probabilities down to e^-80), the
+  // range the polynomial exp covers: each probability within 4 ulp-ish.
+  const size_t rows = 64, cols = 300;
+  std::vector<double> logits(rows * cols), probs(rows * cols);
+  std::mt19937 rng(34);
+  std::uniform_real_distribution<double> u(-80.0, 0.0);
+  for (size_t i = 0; i < logits.size(); ++i) logits[i] = (i % cols == 0) ? 0.0 : u(rng);
+  for (size_t i = 0; i < logits.size(); ++i) logits[i] = static_cast<double>(static_cast<float>(logits[i]));
+  auto flogits = to_float(logits);
+  std::vector<float> fprobs(probs.size());
+  softmax_forward(probs.data(), logits.data(), rows, cols);
+  softmax_forward(fprobs.data(), flogits.data(), rows, cols);
+  double worst = 0;
+  for (size_t i = 0; i < probs.size(); ++i) worst = std::max(worst, std::abs(fprobs[i] - probs[i]) / probs[i]);
+  CHECK(worst < 5e-7);
+
+  // GELU over [-10, 10] (where its value is a normal float). Its value
+  // rests on exp(-2u), u = sqrt(2/pi) (x + 0.044715 x^3): float's rounding of
+  // u alone moves that by |2u| ulp, so the bound is relative to
+  // max(1, |2u|); the derivative, which crosses zero, absolute.
+  std::vector<double> x, y, dy, ones;
+  for (double v = -10.0; v <= 10.0; v += 1.0 / 1024) x.push_back(static_cast<double>(static_cast<float>(v)));
+  y.resize(x.size());
+  dy.resize(x.size());
+  ones.assign(x.size(), 1.0);
+  auto fx = to_float(x), fones = to_float(ones);
+  std::vector<float> fy(x.size()), fdy(x.size());
+  gelu_forward(y.data(), x.data(), x.size());
+  gelu_forward(fy.data(), fx.data(), x.size());
+  gelu_backward(dy.data(), x.data(), ones.data(), x.size());
+  gelu_backward(fdy.data(), fx.data(), fones.data(), x.size());
+  double worst_y = 0, worst_dy = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    const double two_u = 2 * std::sqrt(2 / M_PI) * (x[i] + 0.044715 * x[i] * x[i] * x[i]);
+    const double rel = std::abs(fy[i] - y[i]) / std::max(std::abs(y[i]), 1e-300);
+    worst_y = std::max(worst_y, rel / std::max(1.0, std::abs(two_u)));
+    worst_dy = std::max(worst_dy, std::abs(fdy[i] - dy[i]));
+  }
+  CHECK(worst_y < 4e-7);
+  CHECK(worst_dy < 1e-5);
+  // And the double form is GPT-2's tanh GELU (whose 1 + tanh cancels for
+  // negative x: compared to absolute 1e-12).
+  double worst_tanh_form = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    const double v = x[i];
+    const double tanh_form = 0.5 * v * (1 + std::tanh(std::sqrt(2 / M_PI) * (v + 0.044715 * v * v * v)));
+    worst_tanh_form = std::max(worst_tanh_form, std::abs(y[i] - tanh_form));
+  }
+  CHECK(worst_tanh_form < 1e-12);
+}
+
+TEST_CASE("compute threads: every index of a parallel_for runs once, nested and from concurrent callers",
+          "[rl][model]") {
+  for (size_t threads : {1, 2, 3, 5}) {
+    set_compute_threads(threads);
+    CHECK(compute_threads() == threads);
+    const size_t n = 1000;
+    std::vector<std::atomic<int>> hits(n);
+    parallel_for(n, 7, [&](size_t i0, size_t i1) {
+      for (size_t i = i0; i < i1; ++i) hits[i].fetch_add(1);
+    });
+    // A region inside a region runs on its caller's thread.
+    parallel_for(10, 1, [&](size_t o0, size_t o1) {
+      for (size_t o = o0; o < o1; ++o) {
+        parallel_for(100, 1, [&](size_t i0, size_t i1) {
+          for (size_t i = i0; i < i1; ++i) hits[o * 100 + i].fetch_add(1);
+        });
+      }
+    });
+    // Two callers at once: one gets the pool, the other runs inline.
+    std::vector<std::thread> callers;
+    for (int k = 0; k < 2; ++k) {
+      callers.emplace_back([&] {
+        for (int r = 0; r < 200; ++r) {
+          parallel_for(n, 1, [&](size_t i0, size_t i1) {
+            for (size_t i = i0; i < i1; ++i) hits[i].fetch_add(1);
+          });
+        }
+      });
+    }
+    for (auto& c : callers) c.join();
+    size_t wrong = 0;
+    for (size_t i = 0; i < n; ++i) wrong += hits[i].load() != 2 + 400;
+    INFO("threads " << threads);
+    CHECK(wrong == 0);
+  }
+  set_compute_threads(0);
+  CHECK(compute_threads() == std::max<size_t>(1, std::thread::hardware_concurrency()));
+}
+
+TEST_CASE("compute threads: the kernels give the same results at 1, 2 and 4 threads", "[rl][model]") {
+  // Shapes past every kernel's grain, so that each splits.
+  const size_t b = 4, t = 64, c = 64, nh = 4, n = b * t, oc = 3 * c, v = 300;
+  auto fv = [](size_t count, uint32_t seed, double scale = 1.0) { return to_float(random_vector(count, seed, scale)); };
+  const auto inp = fv(n * c, 40, 2.0), weight = fv(oc * c, 41), bias = fv(oc, 42), dmm = fv(n * oc, 43);
+  const auto lnw = fv(c, 44), lnb = fv(c, 45), dln = fv(n * c, 46), qkv = fv(n * 3 * c, 47), datty = fv(n * c, 48);
+  const auto logits = fv(n * v, 49, 3.0), big = fv(n * 4 * c, 50, 2.0), dlosses = fv(n, 51);
+  std::vector<int32_t> targets(n);
+  for (size_t i = 0; i < n; ++i) targets[i] = static_cast<int32_t>((i * 13) % v);
+
+  // Everything each kernel writes, in one vector per thread count.
+  auto run = [&](size_t threads) {
+    set_compute_threads(threads);
+    std::vector<float> mm(n * oc), dinp(n * c), dw(oc * c), db(oc);
+    matmul_forward(mm.data(), inp.data(), weight.data(), bias.data(), n, c, oc);
+    matmul_backward(dinp.data(), dw.data(), db.data(), dmm.data(), inp.data(), weight.data(), n, c, oc);
+    std::vector<float> ln(n * c), mean(n), rstd(n), dlninp(n * c), dlnw(c), dlnb(c);
+    layernorm_forward(ln.data(), mean.data(), rstd.data(), inp.data(), lnw.data(), lnb.data(), n, c);
+    layernorm_backward(dlninp.data(), dlnw.data(), dlnb.data(), dln.data(), inp.data(), lnw.data(), mean.data(),
+                       rstd.data(), n, c);
+    std::vector<float> atty(n * c), preatt(b * nh * t * t), att(preatt.size()), dqkv(n * 3 * c), s1(att.size());
+    std::vector<float> s2(att.size());
+    attention_forward(atty.data(), preatt.data(), att.data(), qkv.data(), b, t, c, nh);
+    attention_backward(dqkv.data(), s1.data(), s2.data(), datty.data(), qkv.data(), att.data(), b, t, c, nh);
+    std::vector<float> g(big.size()), dg(big.size()), probs(n * v), dlogits(n * v), res(n * c);
+    gelu_forward(g.data(), big.data(), big.size());
+    gelu_backward(dg.data(), big.data(), g.data(), big.size());
+    softmax_forward(probs.data(), logits.data(), n, v);
+    crossentropy_softmax_backward(dlogits.data(), dlosses.data(), probs.data(), targets.data(), n, v);
+    residual_forward(res.data(), inp.data(), dln.data(), n * c);
+    // Products first (BLAS may block a split product differently), then the
+    // rest, which must agree bit for bit.
+    std::vector<std::vector<float>> products = {mm, dinp, dw, db, atty, dqkv};
+    std::vector<std::vector<float>> rest = {ln, mean, rstd, dlninp, dlnw, dlnb, att, g, dg, probs, dlogits, res};
+    return std::make_pair(products, rest);
+  };
+  auto one = run(1);
+  for (size_t threads : {2, 4}) {
+    INFO("threads " << threads);
+    auto other = run(threads);
+    for (size_t i = 0; i < one.first.size(); ++i) {
+      INFO("product output " << i);
+      double worst = 0;
+      for (size_t j = 0; j < one.first[i].size(); ++j) {
+        worst = std::max(worst, std::abs(static_cast<double>(other.first[i][j]) - one.first[i][j]) /
+                                    std::max(1.0, std::abs(static_cast<double>(one.first[i][j]))));
+      }
+      CHECK(worst < 1e-5);
+    }
+    for (size_t i = 0; i < one.second.size(); ++i) {
+      INFO("output " << i);
+      CHECK(other.second[i] == one.second[i]);
+    }
+  }
+  set_compute_threads(0);
 }
