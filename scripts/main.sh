@@ -28,5 +28,5 @@ trap '"$troupe" stop >/dev/null 2>&1 || true; rm -rf "$TROUPE_HOME"' EXIT
 
 # The policy model learning arithmetic in one process (docs/model.md): a
 # supervised warm-up on a weak teacher's labels, then GRPO with the exact
-# reward beside more supervised training (about two minutes on 2 cores).
+# reward beside more supervised training (about 15 seconds on 2 cores).
 "$build/examples/troupe_example_rl_arithmetic"
