@@ -326,6 +326,20 @@ TEST_CASE("remote: a node that dials again supersedes its old connection, so not
   CHECK_FALSE(other.closed_within(100ms));
 }
 
+TEST_CASE("remote: a refused dialer gets the reason before the close, and one that stays is closed within seconds",
+          "[remote]") {
+  troupe::Runtime server(test_config());
+  // A wrong token with a frame pipelined behind the hello (as troupe's own
+  // dialer does): the server answers and leaves the connection for the
+  // dialer to close, so no reset destroys the answer.
+  RawPeer raw(server.address());
+  raw.send(troupe::wire::Hello{troupe::wire::kProtocolVersion, 0x9abc, "wrong-token", ""});
+  raw.send(troupe::wire::Heartbeat{1});
+  CHECK_FALSE(raw.closed_within(300ms));
+  // A dialer that never closes is closed by the server after the linger.
+  CHECK(raw.closed_within(5s));
+}
+
 TEST_CASE("remote: four processes ask, tell and relay between each other, on both transports", "[remote][ucx]") {
   std::string scheme = GENERATE(as<std::string>{}, "tcp", "ucx");
   INFO("transport " << scheme);

@@ -20,6 +20,10 @@ namespace troupe::detail {
 
 namespace {
 
+// How long a connection this node refused stays open for the dialer to read
+// the reason (it closes it itself on reading it).
+constexpr std::chrono::milliseconds kRefusalLinger{1000};
+
 int64_t now_us() {
   return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now().time_since_epoch())
       .count();
@@ -570,11 +574,12 @@ void Node::on_frame(transport::PeerId id, transport::InFrame frame) {
 void Node::handle_frame(transport::PeerId id, transport::InFrame frame) {
   auto peer = find_peer(id);
   if (!peer) return;
+  // A refused connection is closing; what it sent after the refusal (or a
+  // second refusal behind the first) changes nothing, and does not keep it
+  // alive (the heartbeat sweep closes it, see kRefusalLinger).
+  if (!peer->ready && !peer->refused.ok()) return;
   peer->last_recv_us = now_us();
   if (!peer->ready) {
-    // A refused connection is closing; what it sent after the refusal (or
-    // a second refusal behind the first) changes nothing.
-    if (!peer->refused.ok()) return;
     if (peer->inbound) {
       const auto* hello = std::get_if<wire::Hello>(&frame.message);
       std::string problem;
@@ -590,7 +595,13 @@ void Node::handle_frame(transport::PeerId id, transport::InFrame frame) {
         peer->refused = Status(ErrorCode::refused, problem);
         TROUPE_LOG(warn, "event=connection_refused peer={} reason=\"{}\"", id, problem);
         (void)send_frame(*peer, wire::HelloReply{false, node_id_, address_, problem}, {});
-        transport_->close(id, "refused: " + problem);
+        // Not closed here: the dialer may have pipelined frames behind its
+        // hello, and closing a TCP socket with unread bytes sends a reset
+        // that can destroy the reply before the dialer reads it (it then
+        // sees a lost connection, not the reason). The dialer closes when it
+        // reads the refusal; the heartbeat sweep closes one that does not.
+        peer->last_recv_us = now_us();
+        peer->refused_here = true;
         return;
       }
       // The reply is the first frame on the connection, before the peer is
@@ -1050,7 +1061,15 @@ void Node::heartbeat_loop() {
     auto dead_us = std::chrono::duration_cast<std::chrono::microseconds>(config_.dead_after).count();
     int64_t handling_since = handling_since_us_.load();
     bool stalled = handling_since != 0 && now - handling_since > interval_us;  // see handling_since_us_
+    const auto linger_us = std::chrono::duration_cast<std::chrono::microseconds>(kRefusalLinger).count();
     for (auto& p : peers) {
+      if (p->refused_here.load()) {
+        // Refused by this node and left open for the dialer to read why.
+        if (now - p->last_recv_us.load() > linger_us) {
+          transport_->close(p->id, "refused (its hello was refused; the reason was logged and sent to it)");
+        }
+        continue;
+      }
       if (!stalled && now - p->last_recv_us.load() > dead_us) {
         transport_->close(p->id, "no frame for " + std::to_string(config_.dead_after.count()) +
                                      " ms (heartbeat timeout): the peer is hung or unreachable");

@@ -110,6 +110,9 @@ class Node : public std::enable_shared_from_this<Node> {
     std::string address;   // the peer's listen address (known after the handshake)
     uint64_t node_id = 0;  // the peer node's id (inbound: from its hello)
     Status refused;        // why the handshake failed, if it did
+    // This node refused the peer's hello and left the connection open for
+    // the dialer to read why (the heartbeat sweep closes it).
+    std::atomic<bool> refused_here{false};
     std::atomic<bool> leaving{false};  // it said goodbye: its loss is expected
     std::mutex send_mu;    // orders sequence numbers with transport sends
     uint64_t next_seq = 1;
