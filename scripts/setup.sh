@@ -14,8 +14,8 @@ packages=(
   libsqlite3-dev libcli11-dev nlohmann-json3-dev
   # tests: two hosts on one machine (network namespaces), process checks
   iproute2 procps
-  # the RL stack's policy model: CPU matrix products
-  libopenblas-dev
+  # the RL stack: the policy model's CPU matrix products, job configs
+  libopenblas-dev libtomlplusplus-dev
 )
 
 missing=()

@@ -319,20 +319,36 @@ size_t Runtime::live_actors() const { return impl_->live(); }
 
 std::string Runtime::address() const { return impl_->address(); }
 
-Result<BufferRegistration> Runtime::register_buffer(void* data, size_t size) {
-  auto node = impl_->node();
+namespace detail {
+Result<BufferRegistration> register_buffer_in(RuntimeImpl* rt, void* data, size_t size) {
+  auto node = rt->node();
   if (!node) return error(node.error());
   auto handle = (*node)->register_region(data, size);
   if (!handle) return error(handle.error());
   return BufferRegistration(std::move(*handle), data);
 }
 
-Result<BufferRegistration> Runtime::allocate_buffer(size_t size) {
-  auto node = impl_->node();
+Result<BufferRegistration> allocate_buffer_in(RuntimeImpl* rt, size_t size) {
+  auto node = rt->node();
   if (!node) return error(node.error());
   auto region = (*node)->allocate_region(size);
   if (!region) return error(region.error());
   return BufferRegistration(std::move(region->first), region->second);
+}
+}  // namespace detail
+
+Result<BufferRegistration> Runtime::register_buffer(void* data, size_t size) {
+  return detail::register_buffer_in(impl_.get(), data, size);
+}
+
+Result<BufferRegistration> Runtime::allocate_buffer(size_t size) { return detail::allocate_buffer_in(impl_.get(), size); }
+
+Result<BufferRegistration> ActorBase::register_buffer(void* data, size_t size) {
+  return detail::register_buffer_in(cell_runtime(), data, size);
+}
+
+Result<BufferRegistration> ActorBase::allocate_buffer(size_t size) {
+  return detail::allocate_buffer_in(cell_runtime(), size);
 }
 
 namespace detail {

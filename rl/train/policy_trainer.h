@@ -47,11 +47,31 @@ class PolicyTrainer {
   Result<StepStats> policy_step(const TrainBatch& batch, const model::PolicyLossConfig& config,
                                 const float* ref_logprobs = nullptr);
 
+  // Data parallelism splits a step in two: each rank computes the gradient
+  // of its share of the batch, the ranks sum them (an allreduce of
+  // model().grads()), and each applies the same sum. `grad_scale` makes the
+  // sum equal the gradient of the whole batch's loss: a rank's share of the
+  // loss's denominator (its tokens / all ranks' tokens for token_mean).
+
+  /// The gradient of the supervised loss of `batch`, times `grad_scale`, in
+  /// model().grads() (stats: the unscaled loss; no optimizer step).
+  Result<StepStats> supervised_gradients(const TrainBatch& batch, double grad_scale = 1.0);
+  /// The gradient of the policy-gradient loss of `batch` (as policy_step),
+  /// times `grad_scale`, in model().grads().
+  Result<StepStats> policy_gradients(const TrainBatch& batch, const model::PolicyLossConfig& config,
+                                     const float* ref_logprobs = nullptr, double grad_scale = 1.0);
+  /// Zero gradients: a rank with no share of a batch still takes part in
+  /// the sum.
+  void zero_gradients() { model_.zero_grad(); }
+  /// One optimizer step with model().grads(); fills the stats' grad_norm
+  /// and learning_rate.
+  void apply_gradients(StepStats& stats);
+
  private:
   // The model's forward on the batch, its log-probabilities in logprobs_.
   Status forward_logprobs(const TrainBatch& batch);
-  // Backward of d loss / d logprobs, then the optimizer step.
-  StepStats finish_step(const TrainBatch& batch, double loss);
+  // Backward of d loss / d logprobs (times grad_scale) into the gradients.
+  StepStats backward(const TrainBatch& batch, double loss, double grad_scale);
 
   model::Gpt<float> model_;
   model::AdamW adamw_;

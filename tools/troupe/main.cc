@@ -28,6 +28,8 @@
 #include "cluster/daemons.h"
 #include "troupe/cluster.h"
 #include "troupe/runtime.h"
+#include "rl_command.h"
+#include "troupe/worker.h"
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
@@ -372,8 +374,12 @@ void print_status(const troupe::ClusterStatus& st) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"troupe: a distributed actor runtime. Start a cluster, look at it, stop it.", "troupe"};
+  // `troupe rl train` starts worker processes from this executable: in
+  // one, this serves actors and never returns.
+  troupe::serve_if_worker();
+  CLI::App app{"troupe: a distributed actor runtime. Start a cluster, look at it, stop it, run RL jobs.", "troupe"};
   app.require_subcommand(1);
+  auto rl_cmd = troupe::cli::add_rl_commands(app);
   std::vector<std::string> args(argv, argv + argc);
 
   // troupe start
@@ -458,6 +464,7 @@ int main(int argc, char** argv) {
     return kUsage;
   }
 
+  if (*rl_cmd.rl) return troupe::cli::run_rl_command(rl_cmd);
   if (*start) {
     if (is_head == !address.empty()) {
       return fail("start: give --head to start a head, or --address HOST:PORT to join one", kUsage);

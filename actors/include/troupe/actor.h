@@ -39,6 +39,7 @@ namespace troupe {
 /// Delivered to a monitor when the actor it watches has stopped for good
 /// (restarts by a supervisor are not stops).
 class RemoteBuffer;
+class BufferRegistration;
 template <class R>
 class BufferThen;
 
@@ -257,6 +258,21 @@ class ActorBase {
   /// memory. (Defined in remote_buffer.h.)
   BufferThen<void> write_buffer(const RemoteBuffer& to, std::vector<std::byte> bytes, uint64_t offset = 0,
                                 std::chrono::milliseconds timeout = kDefaultTimeout);
+  /// Reads `n` bytes at `offset` of a remote buffer straight into `dst`
+  /// (no copy on the way), without blocking; `.then([this](Result<void>
+  /// r) {...})` runs once they are there. `keep` owns the memory at `dst`:
+  /// the operation holds it until the transport is done with `dst`, so the
+  /// memory outlives a read still in flight when this incarnation ends.
+  /// (Defined in remote_buffer.h.)
+  BufferThen<void> read_buffer_into(const RemoteBuffer& from, std::shared_ptr<void> keep, void* dst, size_t n,
+                                    uint64_t offset = 0, std::chrono::milliseconds timeout = kDefaultTimeout);
+  /// Runtime::register_buffer from inside an actor: `size` bytes at `data`
+  /// become readable and writable by other processes through the
+  /// registration's handle (see remote_buffer.h).
+  Result<BufferRegistration> register_buffer(void* data, size_t size);
+  /// Runtime::allocate_buffer from inside an actor: memory made to be read
+  /// remotely (shared memory that a peer on this host maps, over UCX).
+  Result<BufferRegistration> allocate_buffer(size_t size);
 
   /// Runs `fn` on this actor after `delay` (unless cancelled or the
   /// incarnation ends first).

@@ -137,7 +137,7 @@ class [[nodiscard]] BufferThen {
   /// invalid_argument, ...). It never runs if this incarnation has ended.
   template <class F>
   void then(F&& fn) && {
-    auto wrap = [bytes = bytes_, fn = std::forward<F>(fn)](Result<void> r) mutable {
+    auto wrap = [bytes = bytes_, keep = keep_, fn = std::forward<F>(fn)](Result<void> r) mutable {
       if constexpr (std::is_void_v<R>) {
         fn(std::move(r));
       } else if (r) {
@@ -150,20 +150,41 @@ class [[nodiscard]] BufferThen {
     auto* node = new Node(detail::CellPtr(detail::control_of(cell_)), std::move(wrap));
     detail::ReplyRef reply(node);
     detail::track_ask(cell_, node, timeout_);
-    detail::buffer_op(buffer_, bytes_->data(), bytes_->size(), offset_, std::is_void_v<R>, std::move(reply));
+    detail::buffer_op(buffer_, ptr_, n_, offset_, std::is_void_v<R> && !into_, std::move(reply));
   }
 
   /// Internal.
   BufferThen(detail::Cell* cell, RemoteBuffer buffer, std::shared_ptr<std::vector<std::byte>> bytes,
              uint64_t offset, std::chrono::milliseconds timeout)
-      : cell_(cell), buffer_(std::move(buffer)), bytes_(std::move(bytes)), offset_(offset), timeout_(timeout) {}
+      : cell_(cell),
+        buffer_(std::move(buffer)),
+        bytes_(std::move(bytes)),
+        ptr_(bytes_->data()),
+        n_(bytes_->size()),
+        offset_(offset),
+        timeout_(timeout) {}
+  /// Internal: a read into caller memory at `ptr`, owned by `keep`.
+  BufferThen(detail::Cell* cell, RemoteBuffer buffer, std::shared_ptr<void> keep, void* ptr, size_t n,
+             uint64_t offset, std::chrono::milliseconds timeout)
+      : cell_(cell),
+        buffer_(std::move(buffer)),
+        keep_(std::move(keep)),
+        ptr_(ptr),
+        n_(n),
+        offset_(offset),
+        timeout_(timeout),
+        into_(true) {}
 
  private:
   detail::Cell* cell_;
   RemoteBuffer buffer_;
   std::shared_ptr<std::vector<std::byte>> bytes_;
+  std::shared_ptr<void> keep_;
+  void* ptr_;
+  size_t n_;
   uint64_t offset_;
   std::chrono::milliseconds timeout_;
+  bool into_ = false;
 };
 
 inline BufferThen<std::vector<std::byte>> ActorBase::read_buffer(const RemoteBuffer& from, size_t n,
@@ -174,6 +195,11 @@ inline BufferThen<std::vector<std::byte>> ActorBase::read_buffer(const RemoteBuf
 inline BufferThen<void> ActorBase::write_buffer(const RemoteBuffer& to, std::vector<std::byte> bytes, uint64_t offset,
                                                 std::chrono::milliseconds timeout) {
   return {cell_, to, std::make_shared<std::vector<std::byte>>(std::move(bytes)), offset, resolve(timeout)};
+}
+
+inline BufferThen<void> ActorBase::read_buffer_into(const RemoteBuffer& from, std::shared_ptr<void> keep, void* dst,
+                                                   size_t n, uint64_t offset, std::chrono::milliseconds timeout) {
+  return {cell_, from, std::move(keep), dst, n, offset, resolve(timeout)};
 }
 
 namespace detail {

@@ -1,0 +1,178 @@
+// The configuration of an RL job (`troupe rl train CONFIG.toml`): one TOML
+// file whose tables are the job's parts. Every key has a default; a key
+// that is not known, or a value of the wrong type or out of range, is
+// refused before anything starts, with the key named:
+//
+//   config.toml: unknown key 'rollout.enignes' (keys of [rollout]: engines, threads, ...)
+//   config.toml: 'algorithm.group_size' must be an integer >= 2, got 1
+//
+// The reference of every key is docs/rl.md; examples/rl/ has a file per
+// mode. The workers of a job get the file's text and parse it themselves,
+// so the driver and every mesh see the same values.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "model/adamw.h"
+#include "model/config.h"
+#include "model/losses.h"
+#include "model/sampler.h"
+#include "tasks/arithmetic.h"
+#include "troupe/status.h"
+
+namespace troupe::rl::config {
+
+/// On-policy (each step trains on samples of the weights it starts from)
+/// or asynchronous (rollout keeps generating while the trainer trains).
+enum class Mode : uint8_t { sync, async };
+/// Trainer and rollout in the same processes, taking turns, or in
+/// processes of their own.
+enum class Placement : uint8_t { colocated, disaggregated };
+/// How advantages are made from rewards.
+enum class Algorithm : uint8_t { grpo };
+/// The task the job trains on (its prompts and its reward).
+enum class TaskKind : uint8_t { arithmetic };
+/// Where the policy's first weights come from.
+enum class ModelInit : uint8_t {
+  /// Random (seeded): only useful with a task the model can already hit.
+  random,
+  /// A supervised warm-up on the trainer mesh first ([warmup]).
+  warmup,
+  /// A safetensors file (model.checkpoint).
+  checkpoint,
+};
+
+/// [run]: the job as a whole.
+struct RunConfig {
+  std::string name = "rl";
+  uint64_t seed = 1;
+  /// Policy-gradient steps.
+  size_t steps = 100;
+  Mode mode = Mode::sync;
+  Placement placement = Placement::colocated;
+  /// Async mode: a sample may be trained on at most this many versions
+  /// after the weights that started it (0 in sync mode).
+  size_t max_staleness = 1;
+  /// Held-out evaluation every this many steps (and at the end).
+  size_t eval_every = 10;
+  /// A checkpoint every this many steps (0: only at the end).
+  size_t checkpoint_every = 0;
+  /// Seconds an ask to a mesh may take before it counts as lost.
+  double timeout_s = 120;
+};
+
+/// [task]: the prompts and the verifier.
+struct TaskConfig {
+  TaskKind kind = TaskKind::arithmetic;
+  /// The RL prompts' operands (arithmetic).
+  tasks::ArithmeticConfig problems{.min_digits = 2, .max_digits = 2};
+  /// Held-out problems (greedy decoding, exact answers).
+  size_t eval_problems = 400;
+  uint64_t eval_seed = 12345;
+};
+
+/// [model]: the policy's shape and first weights.
+struct ModelConfig {
+  model::GptConfig shape{.vocab_size = 259, .context_length = 16, .layers = 2, .heads = 4, .channels = 64};
+  ModelInit init = ModelInit::warmup;
+  /// The safetensors file when init = "checkpoint".
+  std::string checkpoint;
+};
+
+/// [warmup]: supervised steps on labelled problems before RL, on the
+/// trainer mesh (init = "warmup").
+struct WarmupConfig {
+  size_t steps = 2000;
+  /// Sequences per step (split across the trainer ranks).
+  size_t batch = 64;
+  /// Labelled problems drawn once (the set the steps sample from).
+  size_t examples = 20000;
+  tasks::ArithmeticConfig problems{.min_digits = 1, .max_digits = 2};
+  /// The labels' teacher drops each carry with this probability (0: exact).
+  double teacher_carry_drop = 0.5;
+  model::AdamWConfig optim{.learning_rate = 3e-3, .weight_decay = 0.1, .warmup_steps = 20};
+};
+
+/// [algorithm]: sampling, advantages, the loss and the optimizer.
+struct AlgorithmConfig {
+  Algorithm name = Algorithm::grpo;
+  size_t prompts_per_step = 32;
+  /// Samples per prompt (the group).
+  size_t group_size = 8;
+  /// GRPO: divide by the group's standard deviation (false: Dr. GRPO).
+  bool normalize_std = true;
+  /// Temperature, top_k, top_p, max_new_tokens (0: the task's answer
+  /// budget); seeds and the stop token are the job's.
+  model::SamplingParams sampling{.temperature = 1.0, .max_new_tokens = 0};
+  model::PolicyLossConfig loss;
+  model::AdamWConfig optim{.learning_rate = 3e-4, .weight_decay = 0.0};
+};
+
+/// [trainer]: the data-parallel trainer mesh.
+struct TrainerConfig {
+  size_t ranks = 1;
+  /// Compute threads per rank's process.
+  size_t threads = 1;
+};
+
+/// [rollout]: the generation engines.
+struct RolloutConfig {
+  size_t engines = 1;
+  /// Compute threads per engine's process (colocated: the trainer's).
+  size_t threads = 1;
+  /// Sequences an engine decodes at once (its KV cache's slots).
+  size_t max_sequences = 256;
+  /// Prompt groups the driver keeps in flight per engine (continuous
+  /// batching: new groups join between decode steps).
+  size_t groups_in_flight = 8;
+  /// Weight sync moves the parameters in buckets of this many bytes, this
+  /// many reads in flight per engine.
+  size_t sync_bucket_bytes = 4u << 20;
+  size_t sync_reads_in_flight = 4;
+};
+
+/// [reward]: the reward workers.
+struct RewardConfig {
+  size_t workers = 1;
+};
+
+/// A whole job.
+struct RlConfig {
+  RunConfig run;
+  TaskConfig task;
+  ModelConfig model;
+  WarmupConfig warmup;
+  AlgorithmConfig algorithm;
+  TrainerConfig trainer;
+  RolloutConfig rollout;
+  RewardConfig reward;
+
+  /// Tokens a completion may take: max_new_tokens, or the task's answer
+  /// budget when that is 0.
+  size_t answer_budget() const;
+  /// The sampling parameters of rollouts (the budget and EOS filled in).
+  model::SamplingParams rollout_sampling() const;
+
+  /// ok, or the first value out of range (with its key) and the
+  /// combinations that cannot work (a context too short for the task's
+  /// problems, more trainer ranks than sequences per step).
+  Status validate() const;
+};
+
+/// Parses a config from TOML text; `source` names it in errors (a path).
+/// Errors: TOML syntax (with line and column), unknown keys and tables,
+/// wrong types, values out of range: each names the key.
+Result<RlConfig> parse_rl_config(std::string_view toml_text, std::string_view source = "config");
+
+/// Reads and parses a config file. Errors: the file cannot be read (its
+/// path and why), and parse_rl_config's.
+Result<RlConfig> load_rl_config(const std::string& path);
+
+/// The config as a JSON object (every key, defaults included), for the
+/// run's metrics and manifest.
+std::string rl_config_json(const RlConfig& config);
+
+}  // namespace troupe::rl::config

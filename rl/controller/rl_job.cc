@@ -1,0 +1,743 @@
+#include "controller/rl_job.h"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <deque>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+#include <optional>
+#include <random>
+#include <set>
+#include <sstream>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+#include <troupe/mesh.h>
+#include <troupe/mesh_shape.h>
+#include <troupe/placement.h>
+
+#include "algo/advantages.h"
+#include "controller/group_queue.h"
+#include "controller/metrics_log.h"
+#include "controller/replay_buffer.h"
+#include "model/generate.h"
+#include "model/tokenizer.h"
+#include "reward/reward_worker.h"
+#include "rollout/rollout_engine.h"
+#include "tasks/task.h"
+#include "trainer/trainer_rank.h"
+
+namespace troupe::rl::controller {
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+using json = nlohmann::json;
+using rollout::RolloutEngine;
+using trainer::TrainerRank;
+using reward::RewardWorker;
+
+double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+// A failure of a mesh member, from the meshes' owner to the driver's thread.
+struct FaultEvent {
+  std::string mesh;
+  MeshFailure failure;
+};
+
+// Thread-safe; `wake` is called after each push (to interrupt a wait).
+class FaultInbox {
+ public:
+  void set_wake(std::function<void()> wake) {
+    std::lock_guard lock(mu_);
+    wake_ = std::move(wake);
+  }
+  void push(FaultEvent e) {
+    std::function<void()> wake;
+    {
+      std::lock_guard lock(mu_);
+      events_.push_back(std::move(e));
+      wake = wake_;
+    }
+    if (wake) wake();
+  }
+  bool pending() const {
+    std::lock_guard lock(mu_);
+    return !events_.empty();
+  }
+  std::vector<FaultEvent> drain() {
+    std::lock_guard lock(mu_);
+    std::vector<FaultEvent> out(std::make_move_iterator(events_.begin()), std::make_move_iterator(events_.end()));
+    events_.clear();
+    return out;
+  }
+
+ private:
+  mutable std::mutex mu_;
+  std::deque<FaultEvent> events_;
+  std::function<void()> wake_;
+};
+
+// The owner of the job's meshes (Monarch's mesh supervision): it hands
+// each member failure to the driver's thread.
+class MeshWatch : public Actor<MeshWatch, MeshFailure> {
+ public:
+  MeshWatch(std::shared_ptr<FaultInbox> inbox, std::string mesh) : inbox_(std::move(inbox)), mesh_(std::move(mesh)) {}
+  void handle(const MeshFailure& f) { inbox_->push({mesh_, f}); }
+
+ private:
+  std::shared_ptr<FaultInbox> inbox_;
+  std::string mesh_;
+};
+
+struct Meshes {
+  std::vector<std::string> placement_groups;
+  std::vector<ProcMesh> procs;
+  std::optional<ActorMesh<TrainerRank>> trainers;
+  std::optional<ActorMesh<RolloutEngine>> engines;
+  std::optional<ActorMesh<RewardWorker>> rewards;
+  std::vector<AnyRef> watchers;
+};
+
+Result<ProcMesh> make_procs(const ClusterClient& cluster, Meshes& m, const std::string& dim, size_t n, double cpus) {
+  PlacementGroupSpec spec;
+  spec.strategy = PlacementStrategy::pack;
+  spec.bundles.assign(n, Bundle{{{"CPU", cpus}}});
+  auto pg = cluster.create_placement_group(spec);
+  if (!pg) return error(pg.error().code(), "rl job: cannot reserve " + std::to_string(n) + " x " +
+                                               std::to_string(cpus) + " CPU for the " + dim + ": " +
+                                               pg.error().message());
+  m.placement_groups.push_back(*pg);
+  auto shape = Shape::make({{dim, n}});
+  if (!shape) return error(shape.error());
+  auto procs = ProcMesh::create(cluster, *shape, *pg);
+  if (!procs) return error(procs.error().code(), "rl job: cannot start the " + dim + "' processes: " +
+                                                     procs.error().message());
+  m.procs.push_back(*procs);
+  return *procs;
+}
+
+template <class A>
+Status supervise(Runtime& rt, Meshes& m, const ActorMesh<A>& mesh, const std::shared_ptr<FaultInbox>& inbox,
+                 const std::string& name) {
+  auto watch = rt.spawn<MeshWatch>(inbox, name);
+  m.watchers.push_back(watch);
+  return mesh.supervise(m.watchers.back());
+}
+
+Result<Meshes> start_meshes(Runtime& rt, const ClusterClient& cluster, const config::RlConfig& c,
+                            const std::string& text, const std::shared_ptr<FaultInbox>& inbox) {
+  Meshes m;
+  const ActorOptions restart{.max_restarts = -1};
+  auto trainer_procs = make_procs(cluster, m, "ranks", c.trainer.ranks, static_cast<double>(c.trainer.threads));
+  if (!trainer_procs) return error(trainer_procs.error());
+  auto trainers = trainer_procs->spawn<TrainerRank>(restart, text);
+  if (!trainers) return error(trainers.error().code(), "rl job: trainer mesh: " + trainers.error().message());
+  m.trainers = *trainers;
+  std::optional<ProcMesh> rollout_procs = trainer_procs.value();
+  if (c.run.placement == config::Placement::disaggregated) {
+    auto p = make_procs(cluster, m, "engines", c.rollout.engines, static_cast<double>(c.rollout.threads));
+    if (!p) return error(p.error());
+    rollout_procs = *p;
+  }
+  auto engines = rollout_procs->spawn<RolloutEngine>(restart, text);
+  if (!engines) return error(engines.error().code(), "rl job: rollout mesh: " + engines.error().message());
+  m.engines = *engines;
+  auto reward_procs = make_procs(cluster, m, "workers", c.reward.workers, 1.0);
+  if (!reward_procs) return error(reward_procs.error());
+  auto rewards = reward_procs->spawn<RewardWorker>(restart, text);
+  if (!rewards) return error(rewards.error().code(), "rl job: reward mesh: " + rewards.error().message());
+  m.rewards = *rewards;
+  for (Status s : {supervise(rt, m, *m.trainers, inbox, "trainer"), supervise(rt, m, *m.engines, inbox, "rollout"),
+                   supervise(rt, m, *m.rewards, inbox, "reward")}) {
+    if (!s.ok()) return error(s);
+  }
+  if (c.trainer.ranks > 1) {
+    auto groups = m.trainers->make_group();
+    if (!groups) return error(groups.error());
+    for (size_t r = 0; r < groups->size(); ++r) {
+      auto joined = m.trainers->member(r).ask(trainer::JoinTrainerGroup{(*groups)[r]}).get();
+      if (!joined) return error(joined.error());
+    }
+  }
+  return m;
+}
+
+void stop_meshes(const ClusterClient& cluster, Meshes& m) {
+  for (auto& p : m.procs) (void)p.stop();
+  for (auto& pg : m.placement_groups) (void)cluster.remove_placement_group(pg);
+}
+
+// The loss denominators of a rank's share, by aggregation (see
+// PolicyTrainer: a rank's gradient is scaled by its share).
+double denominator(const std::vector<trainer::WireSequence>& seqs, model::LossAggregation agg) {
+  if (seqs.empty()) return 0;
+  switch (agg) {
+    case model::LossAggregation::token_mean: {
+      double tokens = 0;
+      for (const auto& s : seqs) tokens += static_cast<double>(s.completion.size());
+      return tokens;
+    }
+    case model::LossAggregation::sequence_mean:
+      return static_cast<double>(seqs.size());
+    case model::LossAggregation::sequence_sum_over_positions: {
+      size_t T = 0;
+      for (const auto& s : seqs) T = std::max(T, s.prompt.size() + s.completion.size() - 1);
+      return static_cast<double>(seqs.size() * T);
+    }
+  }
+  return 0;
+}
+
+// One step's combined stats.
+struct StepResult {
+  double loss = 0, grad_norm = 0, learning_rate = 0, kl = 0, clip_fraction = 0;
+  size_t sequences = 0, tokens = 0;
+  double compute_s = 0, allreduce_s = 0;
+  bool trained = false;
+};
+
+// Splits `seqs` over the ranks (round robin) and takes one step on each;
+// every rank gets a TrainStep, even an empty one (the allreduce needs it).
+Result<StepResult> train_ranks(const ActorMesh<TrainerRank>& trainers, std::vector<trainer::WireSequence> seqs,
+                               bool supervised, model::LossAggregation agg, std::chrono::milliseconds timeout) {
+  const size_t R = trainers.size();
+  std::vector<std::vector<trainer::WireSequence>> shards(R);
+  StepResult out;
+  out.sequences = seqs.size();
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    out.tokens += seqs[i].completion.size();
+    shards[i % R].push_back(std::move(seqs[i]));
+  }
+  std::vector<double> den(R);
+  double total = 0;
+  for (size_t r = 0; r < R; ++r) total += den[r] = denominator(shards[r], supervised ? model::LossAggregation::token_mean : agg);
+  if (total == 0) return out;  // nothing to learn from: no step (an empty step would still decay the weights)
+  std::vector<Future<trainer::RankStepStats>> futures;
+  for (size_t r = 0; r < R; ++r) {
+    futures.push_back(trainers.member(r).ask(trainer::TrainStep{supervised, std::move(shards[r]), den[r] / total},
+                                             timeout));
+  }
+  for (size_t r = 0; r < R; ++r) {
+    auto st = futures[r].get();
+    if (!st) {
+      return error(st.error().code(), "trainer rank " + std::to_string(r) + ": " + st.error().message());
+    }
+    const double w = den[r] / total;
+    out.loss += w * st->loss;
+    out.kl += w * st->kl;
+    out.clip_fraction += w * st->clip_fraction;
+    out.grad_norm = st->grad_norm;
+    out.learning_rate = st->learning_rate;
+    out.compute_s = std::max(out.compute_s, st->compute_seconds);
+    out.allreduce_s = std::max(out.allreduce_s, st->allreduce_seconds);
+  }
+  out.trained = true;
+  return out;
+}
+
+std::string fixed(double v, int digits) {
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "%.*f", digits, v);
+  return buf;
+}
+
+// Everything the job's threads share.
+class Job {
+ public:
+  Job(Runtime& rt, const ClusterClient& cluster, config::RlConfig config, std::string text, JobOptions options)
+      : rt_(rt),
+        cluster_(cluster),
+        c_(std::move(config)),
+        text_(std::move(text)),
+        options_(std::move(options)),
+        timeout_(std::chrono::milliseconds(static_cast<int64_t>(c_.run.timeout_s * 1000))),
+        inbox_(std::make_shared<FaultInbox>()) {}
+
+  Result<JobResult> run();
+
+ private:
+  void say(const std::string& line) {
+    if (options_.progress) {
+      options_.progress(line);
+    } else {
+      std::fprintf(stderr, "%s\n", line.c_str());
+    }
+  }
+  double now_s() const { return seconds_since(start_); }
+  void log(json j) {
+    j["wall_s"] = now_s();
+    if (Status s = log_->append(j.dump()); !s.ok()) say("warning: " + s.message());
+  }
+  void fault(const std::string& what, const std::string& action, double cost_s) {
+    ++faults_;
+    log({{"event", "fault"}, {"step", step_.load()}, {"what", what}, {"action", action}, {"cost_s", cost_s}});
+    say("fault: " + what + " -> " + action);
+  }
+
+  Status warmup();
+  Status publish_and_sync(uint64_t version, json& timing);
+  Status sync_engine(size_t engine);
+  Result<double> evaluate(uint64_t version);
+  Status checkpoint(size_t step);
+  Result<size_t> resume();
+  void feed();
+  Status handle_faults();
+
+  Runtime& rt_;
+  const ClusterClient& cluster_;
+  const config::RlConfig c_;
+  const std::string text_;
+  const JobOptions options_;
+  const std::chrono::milliseconds timeout_;
+  std::shared_ptr<FaultInbox> inbox_;
+  Clock::time_point start_ = Clock::now();
+  std::unique_ptr<MetricsLog> log_;
+  Meshes meshes_;
+  std::unique_ptr<GroupQueue> queue_;
+  std::unique_ptr<ReplayBuffer> buffer_;
+  std::atomic<size_t> step_{0};
+  std::atomic<size_t> faults_{0};
+  std::optional<trainer::PublishedWeights> published_;
+  std::set<uint64_t> consumed_;  // groups trained on at or past consumed_low_
+  uint64_t consumed_low_ = 0;
+  std::vector<tasks::TaskPrompt> eval_set_;
+  // Engines to sync again once they are back (they restarted).
+  std::set<size_t> resync_;
+};
+
+Status Job::warmup() {
+  auto set = tasks::warmup_set(c_);
+  std::mt19937_64 rng(c_.run.seed + 2);
+  const auto start = Clock::now();
+  double last_loss = 0;
+  for (size_t step = 1; step <= c_.warmup.steps; ++step) {
+    std::vector<trainer::WireSequence> seqs(c_.warmup.batch);
+    for (auto& s : seqs) {
+      const auto& src = set[rng() % set.size()];
+      s.prompt = src.prompt;
+      s.completion = src.completion;
+    }
+    auto st = train_ranks(*meshes_.trainers, std::move(seqs), true, model::LossAggregation::token_mean, timeout_);
+    if (!st) return Status(st.error().code(), "warm-up step " + std::to_string(step) + ": " + st.error().message());
+    last_loss = st->loss;
+    if (step % 250 == 0 || step == c_.warmup.steps) {
+      say("warm-up " + std::to_string(step) + "/" + std::to_string(c_.warmup.steps) + "  loss " + fixed(last_loss, 3) +
+          "  " + fixed(seconds_since(start), 1) + " s");
+      log({{"event", "warmup"}, {"step", step}, {"loss", last_loss}});
+    }
+  }
+  for (size_t r = 0; r < meshes_.trainers->size(); ++r) {
+    auto ok = meshes_.trainers->member(r).ask(trainer::StartRlPhase{}, timeout_).get();
+    if (!ok) return ok.error();
+  }
+  return {};
+}
+
+Status Job::sync_engine(size_t e) {
+  auto r = meshes_.engines->member(e).ask(rollout::SyncWeights{*published_}, timeout_).get();
+  if (!r) return r.error();
+  return {};
+}
+
+Status Job::publish_and_sync(uint64_t version, json& timing) {
+  const auto start = Clock::now();
+  auto pub = meshes_.trainers->member(0).ask(trainer::PublishWeights{version}, timeout_).get();
+  if (!pub) return Status(pub.error().code(), "publishing weights: " + pub.error().message());
+  published_ = *pub;
+  std::vector<Future<rollout::SyncReport>> futures;
+  for (size_t e = 0; e < meshes_.engines->size(); ++e) {
+    futures.push_back(meshes_.engines->member(e).ask(rollout::SyncWeights{*pub}, timeout_));
+  }
+  double engine_s = 0;
+  for (size_t e = 0; e < futures.size(); ++e) {
+    auto r = futures[e].get();
+    if (!r) {
+      // The engine restarts (its failure comes to the inbox) and is synced
+      // again once back; the others go on.
+      resync_.insert(e);
+      fault("rollout engine " + std::to_string(e) + " failed a weight sync: " + r.error().message(),
+            "the others synced; it is synced again when it is back", 0);
+      continue;
+    }
+    engine_s = std::max(engine_s, r->seconds);
+  }
+  const double total = seconds_since(start);
+  const double bytes = static_cast<double>(pub->floats * sizeof(float));
+  timing["sync"] = total;
+  timing["sync_gbps"] = engine_s > 0 ? bytes / engine_s / 1e9 : 0;
+  queue_->publish(version);
+  return {};
+}
+
+Status Job::handle_faults() {
+  for (auto& e : inbox_->drain()) {
+    const auto& f = e.failure;
+    std::string what = e.mesh + " member " + std::to_string(f.rank) + " failed: " + f.reason;
+    if (!f.restarting) return Status(ErrorCode::peer_lost, what + "; it is not restarting");
+    if (e.mesh == "trainer") {
+      return Status(ErrorCode::peer_lost, what + "; resume the run from its last checkpoint (--resume)");
+    }
+    if (e.mesh == "rollout") resync_.insert(f.rank);
+    fault(what, e.mesh == "rollout" ? "its groups requeued; it restarts and is synced again" : "its groups requeued; it restarts", 0);
+  }
+  if (!published_) return {};
+  for (auto it = resync_.begin(); it != resync_.end();) {
+    const auto start = Clock::now();
+    if (Status s = sync_engine(*it); !s.ok()) {
+      return Status(s.code(), "rollout engine " + std::to_string(*it) + " did not come back: " + s.message());
+    }
+    log({{"event", "fault"},
+         {"step", step_.load()},
+         {"what", "rollout engine " + std::to_string(*it) + " is back"},
+         {"action", "synced to version " + std::to_string(published_->version)},
+         {"cost_s", seconds_since(start)}});
+    it = resync_.erase(it);
+  }
+  return {};
+}
+
+Result<double> Job::evaluate(uint64_t version) {
+  if (eval_set_.empty()) eval_set_ = tasks::eval_prompts(c_);
+  rollout::Generate gen;
+  gen.min_version = version;
+  gen.temperature = 0;
+  for (size_t i = 0; i < eval_set_.size(); ++i) {
+    gen.groups.push_back({i, tasks::prompt_tokens(eval_set_[i].prompt), 1, 0});
+  }
+  auto out = meshes_.engines->choose(gen, timeout_).get();
+  if (!out) return error(out.error().code(), "evaluation: " + out.error().message());
+  reward::Score score;
+  for (size_t i = 0; i < out->size(); ++i) {
+    const auto& s = (*out)[i].samples[0];
+    score.items.push_back({eval_set_[i].reference, s.tokens, s.stop});
+  }
+  auto rewards = meshes_.rewards->choose(score, timeout_).get();
+  if (!rewards) return error(rewards.error().code(), "evaluation: " + rewards.error().message());
+  double sum = 0;
+  for (double r : *rewards) sum += r;
+  return sum / static_cast<double>(rewards->size());
+}
+
+Status Job::checkpoint(size_t step) {
+  const auto start = Clock::now();
+  char name[32];
+  std::snprintf(name, sizeof(name), "step-%06zu", step);
+  const fs::path dir = fs::path(options_.run_dir) / "checkpoints" / name;
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) return Status(ErrorCode::storage, "checkpoint: cannot create " + dir.string() + ": " + ec.message());
+  auto saved = meshes_.trainers->member(0)
+                   .ask(trainer::SaveTrainerState{(dir / "trainer.safetensors").string(),
+                                                  {{"rl.step", std::to_string(step)}}},
+                        timeout_)
+                   .get();
+  if (!saved) return Status(saved.error().code(), "checkpoint: " + saved.error().message());
+  // The manifest goes last, atomically: a checkpoint without one is
+  // incomplete and resume skips it.
+  json manifest = {{"step", step},
+                   {"version", step},
+                   {"consumed_low", consumed_low_},
+                   {"consumed", std::vector<uint64_t>(consumed_.begin(), consumed_.end())},
+                   {"seed", c_.run.seed},
+                   {"config", text_}};
+  const fs::path tmp = dir / "manifest.json.tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    out << manifest.dump(1) << "\n";
+    out.flush();
+    if (!out) return Status(ErrorCode::storage, "checkpoint: cannot write " + tmp.string() + " (disk full?)");
+  }
+  fs::rename(tmp, dir / "manifest.json", ec);
+  if (ec) return Status(ErrorCode::storage, "checkpoint: cannot rename " + tmp.string() + ": " + ec.message());
+  log({{"event", "checkpoint"}, {"step", step}, {"path", dir.string()}, {"seconds", seconds_since(start)}});
+  return {};
+}
+
+Result<size_t> Job::resume() {
+  const fs::path root = fs::path(options_.run_dir) / "checkpoints";
+  std::optional<fs::path> latest;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(root, ec)) {
+    if (!fs::exists(entry.path() / "manifest.json")) continue;  // incomplete
+    if (!latest || entry.path().filename() > latest->filename()) latest = entry.path();
+  }
+  if (!latest) {
+    return error(ErrorCode::not_found, "resume: no complete checkpoint under " + root.string() +
+                                           " (run without --resume to start afresh)");
+  }
+  std::ifstream in(*latest / "manifest.json");
+  json manifest = json::parse(in, nullptr, false);
+  if (manifest.is_discarded() || !manifest.contains("step") || !manifest.contains("consumed_low")) {
+    return error(ErrorCode::malformed, "resume: " + (*latest / "manifest.json").string() + " is not a manifest");
+  }
+  if (manifest.value("config", std::string()) != text_) {
+    say("warning: the config differs from the checkpoint's; resuming with the new one");
+  }
+  const std::string state = (*latest / "trainer.safetensors").string();
+  for (size_t r = 0; r < meshes_.trainers->size(); ++r) {
+    auto loaded = meshes_.trainers->member(r).ask(trainer::LoadTrainerState{state}, timeout_).get();
+    if (!loaded) return error(loaded.error().code(), "resume: " + loaded.error().message());
+  }
+  const size_t step = manifest["step"].get<size_t>();
+  consumed_low_ = manifest["consumed_low"].get<uint64_t>();
+  for (uint64_t g : manifest["consumed"]) consumed_.insert(g);
+  log({{"event", "resume"}, {"step", step}, {"from", latest->string()}});
+  say("resumed from " + latest->string() + " at step " + std::to_string(step));
+  return step;
+}
+
+void Job::feed() {
+  const size_t G = c_.algorithm.group_size;
+  while (auto g = queue_->next()) {
+    const auto prompt = tasks::rl_prompt(c_, *g);
+    rollout::PromptGroup group{*g, tasks::prompt_tokens(prompt.prompt), static_cast<uint32_t>(G),
+                               tasks::group_seed(c_, *g)};
+    const auto started = Clock::now();
+    auto gen = meshes_.engines->choose(rollout::Generate{{group}, queue_->min_version(*g), -1}, timeout_).get();
+    if (!gen || gen->size() != 1) {
+      fault("generation of group " + std::to_string(*g) + " failed: " +
+                (gen ? std::string("wrong reply") : gen.error().message()),
+            "group requeued", seconds_since(started));
+      queue_->requeue(*g);
+      continue;
+    }
+    GroupRecord rec;
+    rec.index = *g;
+    rec.prompt = group.prompt;
+    rec.samples = std::move((*gen)[0].samples);
+    rec.generated_at_s = now_s();
+    reward::Score score;
+    for (const auto& s : rec.samples) score.items.push_back({prompt.reference, s.tokens, s.stop});
+    Result<std::vector<double>> rewards = error(ErrorCode::timeout, "not scored");
+    for (int attempt = 0; attempt < 3 && !rewards; ++attempt) {
+      rewards = meshes_.rewards->choose(score, timeout_).get();
+      if (!rewards) {
+        fault("scoring group " + std::to_string(*g) + " failed: " + rewards.error().message(),
+              attempt < 2 ? "scored again" : "group requeued", 0);
+      }
+    }
+    if (!rewards || rewards->size() != rec.samples.size()) {
+      queue_->requeue(*g);
+      continue;
+    }
+    rec.rewards = std::move(*rewards);
+    rec.scored_at_s = now_s();
+    buffer_->push(std::move(rec));
+  }
+}
+
+Result<JobResult> Job::run() {
+  std::error_code ec;
+  fs::create_directories(options_.run_dir, ec);
+  if (ec) {
+    return error(ErrorCode::storage, "rl job: cannot create the run directory '" + options_.run_dir +
+                                         "': " + ec.message() + " (give a writable --run-dir)");
+  }
+  auto opened = MetricsLog::open((fs::path(options_.run_dir) / "metrics.jsonl").string());
+  if (!opened) return error(opened.error());
+  log_ = std::move(*opened);
+  JobResult result;
+  result.metrics_path = log_->path();
+
+  say("starting the meshes: " + std::to_string(c_.trainer.ranks) + " trainer rank(s), " +
+      std::to_string(c_.rollout.engines) + " rollout engine(s), " + std::to_string(c_.reward.workers) +
+      " reward worker(s), " + (c_.run.placement == config::Placement::colocated ? "colocated" : "disaggregated"));
+  auto meshes = start_meshes(rt_, cluster_, c_, text_, inbox_);
+  if (!meshes) return error(meshes.error());
+  meshes_ = std::move(*meshes);
+  struct Cleanup {
+    Job* job;
+    ~Cleanup() { stop_meshes(job->cluster_, job->meshes_); }
+  } cleanup{this};
+
+  log({{"event", "run"},
+       {"run_id", c_.run.name},
+       {"mode", c_.run.mode == config::Mode::sync ? "sync" : "async"},
+       {"placement", c_.run.placement == config::Placement::colocated ? "colocated" : "disaggregated"},
+       {"algorithm", "grpo"},
+       {"config", json::parse(config::rl_config_json(c_))}});
+
+  size_t first_step = 0;
+  if (options_.resume) {
+    auto s = resume();
+    if (!s) return error(s.error());
+    first_step = *s;
+  } else if (c_.model.init == config::ModelInit::warmup && c_.warmup.steps > 0) {
+    if (Status s = warmup(); !s.ok()) return error(s);
+  }
+  step_ = first_step;
+
+  const uint64_t P = c_.algorithm.prompts_per_step;
+  const size_t S = c_.run.max_staleness;
+  // Groups trained before a resume (below its low-water mark, or past it
+  // in consumed_) are not generated again.
+  queue_ = std::make_unique<GroupQueue>(P, S, consumed_low_, c_.run.steps * P, consumed_);
+  buffer_ = std::make_unique<ReplayBuffer>((S + 2) * P + 1, [this](uint64_t g) { queue_->requeue(g); });
+  inbox_->set_wake([this] { buffer_->notify(); });
+
+  json timing;
+  if (Status s = publish_and_sync(first_step, timing); !s.ok()) return error(s);
+  {
+    auto acc = evaluate(first_step);
+    if (!acc) return error(acc.error());
+    result.evals.emplace_back(first_step, *acc);
+    log({{"event", "eval"}, {"step", first_step}, {"accuracy", *acc}, {"problems", c_.task.eval_problems}});
+    say("step " + std::to_string(first_step) + "  held-out accuracy " + fixed(100 * *acc, 1) + "%");
+  }
+
+  const size_t feeders = c_.rollout.engines * c_.rollout.groups_in_flight;
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < feeders; ++i) threads.emplace_back([this] { feed(); });
+  struct Joiner {
+    Job* job;
+    std::vector<std::thread>& threads;
+    ~Joiner() {
+      job->queue_->stop();
+      job->buffer_->stop();
+      for (auto& t : threads) t.join();
+    }
+  } joiner{this, threads};
+
+  const size_t G = c_.algorithm.group_size;
+  for (size_t step = first_step; step < c_.run.steps; ++step) {
+    step_ = step;
+    const auto step_start = Clock::now();
+    const double step_start_s = now_s();
+    // A step's groups, handling faults while waiting.
+    std::optional<ReplayBuffer::Taken> taken;
+    size_t stale = 0;
+    double waited = 0;
+    for (;;) {
+      if (Status s = handle_faults(); !s.ok()) return error(s);
+      taken = buffer_->take(P, step, S, [this] { return inbox_->pending(); });
+      if (!taken) return error(ErrorCode::shutting_down, "rl job: stopped");
+      stale += taken->stale.size();
+      waited += taken->waited_s;
+      if (taken->groups.size() == P) break;
+    }
+    // Advantages, and the sequences that carry a signal.
+    std::vector<trainer::WireSequence> seqs;
+    double reward_sum = 0, reward_sq = 0, gen_done = 0, scored = 0;
+    uint64_t staleness_max = 0;
+    double staleness_sum = 0;
+    size_t samples = 0, sample_tokens = 0;
+    for (auto& rec : taken->groups) {
+      auto adv = algo::group_advantages(rec.rewards, G, {.scale_by_std = c_.algorithm.normalize_std});
+      if (!adv) return error(adv.error());
+      for (size_t i = 0; i < rec.samples.size(); ++i) {
+        const double r = rec.rewards[i];
+        reward_sum += r;
+        reward_sq += r * r;
+        ++samples;
+        sample_tokens += rec.samples[i].tokens.size();
+        const uint64_t st = step - std::min<uint64_t>(step, rec.samples[i].version_first);
+        staleness_max = std::max(staleness_max, st);
+        staleness_sum += static_cast<double>(st);
+        if ((*adv)[i] == 0.0 || rec.samples[i].tokens.empty()) continue;
+        seqs.push_back({rec.prompt, rec.samples[i].tokens, rec.samples[i].logprobs, (*adv)[i]});
+      }
+      gen_done = std::max(gen_done, rec.generated_at_s);
+      scored = std::max(scored, rec.scored_at_s);
+      consumed_.insert(rec.index);
+    }
+    while (consumed_.count(consumed_low_)) consumed_.erase(consumed_low_++);
+    const auto train_start = Clock::now();
+    auto st = train_ranks(*meshes_.trainers, std::move(seqs), false, c_.algorithm.loss.aggregation, timeout_);
+    if (!st) {
+      return error(st.error().code(), "rl job: step " + std::to_string(step) + ": " + st.error().message() +
+                                          " (resume from the last checkpoint with --resume)");
+    }
+    const double train_s = seconds_since(train_start);
+    json t;
+    if (Status s = publish_and_sync(step + 1, t); !s.ok()) return error(s);
+    const double step_s = seconds_since(step_start);
+    const double mean = reward_sum / static_cast<double>(samples);
+    const double var = std::max(0.0, reward_sq / static_cast<double>(samples) - mean * mean);
+    json time_s;
+    if (c_.run.mode == config::Mode::sync) {
+      // On the critical path: generation until the last group was
+      // generated, then the scoring that had not overlapped it.
+      time_s["generation"] = std::max(0.0, gen_done - step_start_s);
+      time_s["reward"] = std::max(0.0, scored - std::max(gen_done, step_start_s));
+      time_s["wait"] = 0.0;
+    } else {
+      time_s["generation"] = 0.0;
+      time_s["reward"] = 0.0;
+      time_s["wait"] = waited;  // the trainer waiting for generated groups
+    }
+    time_s["train"] = train_s;
+    time_s["sync"] = t["sync"];
+    json line = {{"event", "step"},
+                 {"step", step + 1},
+                 {"version", step + 1},
+                 {"reward_mean", mean},
+                 {"reward_std", std::sqrt(var)},
+                 {"samples", samples},
+                 {"tokens", sample_tokens},
+                 {"tokens_per_s", static_cast<double>(sample_tokens) / step_s},
+                 {"trained_sequences", st->sequences},
+                 {"staleness_mean", staleness_sum / static_cast<double>(samples)},
+                 {"staleness_max", staleness_max},
+                 {"dropped_stale", stale},
+                 {"time_s", time_s},
+                 {"step_s", step_s},
+                 {"sync_gbps", t["sync_gbps"]}};
+    if (st->trained) {
+      line.update({{"loss", st->loss},
+                   {"grad_norm", st->grad_norm},
+                   {"learning_rate", st->learning_rate},
+                   {"kl", st->kl},
+                   {"clip_fraction", st->clip_fraction},
+                   {"allreduce_s", st->allreduce_s}});
+    }
+    log(line);
+    result.steps = step + 1 - first_step;
+    std::string progress = "step " + std::to_string(step + 1) + "/" + std::to_string(c_.run.steps) + "  reward " +
+                           fixed(mean, 2) + "  " + fixed(static_cast<double>(sample_tokens) / step_s, 0) +
+                           " tok/s  gen " + fixed(time_s["generation"].get<double>(), 2) + "s  reward " +
+                           fixed(time_s["reward"].get<double>(), 2) + "s  wait " +
+                           fixed(time_s["wait"].get<double>(), 2) + "s  train " + fixed(train_s, 2) + "s  sync " +
+                           fixed(t["sync"].get<double>(), 3) + "s";
+    if ((step + 1) % c_.run.eval_every == 0 || step + 1 == c_.run.steps) {
+      auto acc = evaluate(step + 1);
+      if (acc) {
+        result.evals.emplace_back(step + 1, *acc);
+        log({{"event", "eval"}, {"step", step + 1}, {"accuracy", *acc}, {"problems", c_.task.eval_problems}});
+        progress += "  held-out accuracy " + fixed(100 * *acc, 1) + "%";
+      } else {
+        fault(acc.error().message(), "evaluation skipped", 0);
+      }
+    }
+    say(progress);
+    if ((c_.run.checkpoint_every > 0 && (step + 1) % c_.run.checkpoint_every == 0) || step + 1 == c_.run.steps) {
+      if (Status s = checkpoint(step + 1); !s.ok()) say("warning: " + s.message() + " (training goes on)");
+    }
+    step_ = step + 1;
+    if (options_.after_step) options_.after_step(step + 1);
+  }
+  result.wall_seconds = now_s();
+  result.faults = faults_;
+  log({{"event", "end"},
+       {"step", c_.run.steps},
+       {"status", "ok"},
+       {"final_accuracy", result.evals.empty() ? 0.0 : result.evals.back().second}});
+  return result;
+}
+
+}  // namespace
+
+Result<JobResult> run_rl_job(Runtime& runtime, const ClusterClient& cluster, const std::string& config_text,
+                             const JobOptions& options) {
+  auto c = config::parse_rl_config(config_text, "config");
+  if (!c) return error(c.error());
+  if (options.run_dir.empty()) return error(ErrorCode::invalid_argument, "rl job: no run directory given");
+  Job job(runtime, cluster, std::move(*c), config_text, options);
+  return job.run();
+}
+
+}  // namespace troupe::rl::controller

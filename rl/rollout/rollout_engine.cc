@@ -1,0 +1,253 @@
+#include "rollout/rollout_engine.h"
+
+#include <algorithm>
+#include <chrono>
+#include <stdexcept>
+
+#include "model/generate.h"
+#include "model/threads.h"
+
+namespace troupe::rl::rollout {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+}  // namespace
+
+struct RolloutEngine::SyncState {
+  trainer::PublishedWeights weights;
+  Deferred<SyncReport> reply;
+  Clock::time_point start;
+  uint64_t total_bytes = 0, next_offset = 0;
+  size_t in_flight = 0;
+  Status failed;
+};
+
+RolloutEngine::RolloutEngine(std::string config_toml) {
+  auto c = config::parse_rl_config(config_toml, "job config");
+  if (!c) throw std::runtime_error("rollout engine: " + c.error().message());
+  config_ = std::move(*c);
+  model::set_compute_threads(config_.rollout.threads);
+  auto gpt = model::Gpt<float>::make(config_.model.shape);
+  if (!gpt) throw std::runtime_error("rollout engine: " + gpt.error().message());
+  active_ = std::make_shared<model::Gpt<float>>(*gpt);
+  standby_ = std::make_shared<model::Gpt<float>>(std::move(*gpt));
+  auto cache = model::KvCache::make(config_.model.shape, config_.rollout.max_sequences);
+  if (!cache) throw std::runtime_error("rollout engine: " + cache.error().message());
+  cache_.emplace(std::move(*cache));
+  for (size_t s = config_.rollout.max_sequences; s-- > 0;) free_slots_.push_back(static_cast<uint32_t>(s));
+  const size_t V = config_.model.shape.vocab_size;
+  scratch_.resize(V);
+  order_.resize(V);
+}
+
+Deferred<std::vector<GroupSamples>> RolloutEngine::handle(const Generate& m) {
+  auto reply = defer<std::vector<GroupSamples>>();
+  const auto& shape = config_.model.shape;
+  auto req = std::make_shared<Request>();
+  req->min_version = m.min_version;
+  req->sampling = config_.rollout_sampling();
+  if (m.temperature >= 0) req->sampling.temperature = m.temperature;
+  for (const auto& g : m.groups) {
+    if (g.prompt.empty() || g.prompt.size() >= shape.context_length) {
+      reply.fail(Status(ErrorCode::invalid_argument, "rollout engine: group " + std::to_string(g.id) + "'s prompt has " +
+                                                         std::to_string(g.prompt.size()) + " tokens; it must have 1 to " +
+                                                         std::to_string(shape.context_length - 1)));
+      return reply;
+    }
+    for (int32_t t : g.prompt) {
+      if (t < 0 || static_cast<size_t>(t) >= shape.vocab_size) {
+        reply.fail(Status(ErrorCode::invalid_argument, "rollout engine: group " + std::to_string(g.id) +
+                                                           " has token " + std::to_string(t) +
+                                                           " outside the vocabulary"));
+        return reply;
+      }
+    }
+    req->left += g.samples;
+  }
+  req->groups.resize(m.groups.size());
+  for (size_t i = 0; i < m.groups.size(); ++i) {
+    req->groups[i].id = m.groups[i].id;
+    req->groups[i].samples.resize(m.groups[i].samples);
+  }
+  req->reply = reply;
+  if (req->left == 0) {
+    reply.complete(std::move(req->groups));
+    return reply;
+  }
+  for (size_t g = 0; g < m.groups.size(); ++g) {
+    for (uint32_t i = 0; i < m.groups[g].samples; ++i) {
+      queued_.push_back(Sequence{req, g, i, m.groups[g].prompt, model::SampleRng(m.groups[g].seed, i), 0, 0});
+    }
+  }
+  admit();
+  schedule_tick();
+  return reply;
+}
+
+void RolloutEngine::schedule_tick() {
+  if (tick_scheduled_ || (live_.empty() && queued_.empty())) return;
+  tick_scheduled_ = true;
+  if (!self().tell(EngineTick{}).ok()) {
+    // A full mailbox: come back shortly rather than stall.
+    after(std::chrono::milliseconds(1), [this] {
+      tick_scheduled_ = false;
+      schedule_tick();
+    });
+  }
+}
+
+void RolloutEngine::admit() {
+  while (!free_slots_.empty() && !queued_.empty() && version_ != kNoVersion &&
+         version_ >= queued_.front().request->min_version) {
+    Sequence s = std::move(queued_.front());
+    queued_.pop_front();
+    s.slot = free_slots_.back();
+    free_slots_.pop_back();
+    cache_->clear(s.slot);
+    s.fed = 0;
+    live_.push_back(std::move(s));
+  }
+}
+
+void RolloutEngine::handle(const EngineTick&) {
+  tick_scheduled_ = false;
+  admit();
+  if (live_.empty()) return;
+  const auto start = Clock::now();
+  const size_t V = config_.model.shape.vocab_size;
+  const size_t context = config_.model.shape.context_length;
+  // Each live sequence feeds what the cache lacks: its whole prompt (and
+  // tokens, after a weight switch) when new, its last token otherwise.
+  rows_.clear();
+  std::vector<size_t> last_row(live_.size());
+  for (size_t i = 0; i < live_.size(); ++i) {
+    Sequence& s = live_[i];
+    const auto& tokens = s.request->groups[s.group].samples[s.sample].tokens;
+    const size_t total = s.prompt.size() + tokens.size();
+    for (size_t t = s.fed; t < total; ++t) {
+      rows_.push_back({s.slot, t < s.prompt.size() ? s.prompt[t] : tokens[t - s.prompt.size()]});
+    }
+    s.fed = total;
+    last_row[i] = rows_.size() - 1;
+  }
+  logits_.resize(rows_.size() * V);
+  if (Status st = cache_->append(*active_, rows_, logits_.data()); !st.ok()) {
+    fail("rollout engine: decode step: " + st.message());  // inputs were checked: a broken invariant
+  }
+  size_t tokens_out = 0;
+  std::vector<Sequence> still;
+  still.reserve(live_.size());
+  for (size_t i = 0; i < live_.size(); ++i) {
+    Sequence& s = live_[i];
+    Sample& out = s.request->groups[s.group].samples[s.sample];
+    const float* l = logits_.data() + last_row[i] * V;
+    const int32_t token = model::sample_token(l, V, s.request->sampling, s.rng, scratch_.data(), order_.data());
+    if (out.tokens.empty()) out.version_first = version_;
+    out.version_last = version_;
+    out.tokens.push_back(token);
+    out.logprobs.push_back(static_cast<float>(model::token_logprob(l, V, token)));
+    ++tokens_out;
+    const auto& p = s.request->sampling;
+    if (p.stop_token >= 0 && token == p.stop_token) {
+      finish(s, model::StopReason::stop_token);
+    } else if (out.tokens.size() >= p.max_new_tokens) {
+      finish(s, model::StopReason::max_tokens);
+    } else if (s.fed >= context) {
+      finish(s, model::StopReason::context);  // the sampled token has no position to go in
+    } else {
+      still.push_back(std::move(s));
+    }
+  }
+  live_ = std::move(still);
+  report_.tokens_generated += tokens_out;
+  ++report_.decode_steps;
+  report_.busy_seconds += seconds_since(start);
+  admit();
+  schedule_tick();
+}
+
+void RolloutEngine::finish(Sequence& s, model::StopReason why) {
+  s.request->groups[s.group].samples[s.sample].stop = static_cast<uint8_t>(why);
+  free_slots_.push_back(s.slot);
+  if (--s.request->left == 0) s.request->reply.complete(std::move(s.request->groups));
+}
+
+Deferred<SyncReport> RolloutEngine::handle(const SyncWeights& m) {
+  auto reply = defer<SyncReport>();
+  const size_t n = active_->layout().total();
+  if (m.weights.floats != n || m.weights.buffer.size() < n * sizeof(float)) {
+    reply.fail(Status(ErrorCode::invalid_argument, "rollout engine: the published weights have " +
+                                                       std::to_string(m.weights.floats) + " parameters, this model " +
+                                                       std::to_string(n)));
+    return reply;
+  }
+  if (syncing_) {
+    reply.fail(Status(ErrorCode::already_exists, "rollout engine: a weight sync is already in progress; wait for it"));
+    return reply;
+  }
+  syncing_ = true;
+  auto st = std::make_shared<SyncState>();
+  st->weights = m.weights;
+  st->reply = reply;
+  st->start = Clock::now();
+  st->total_bytes = n * sizeof(float);
+  pump(st);
+  return reply;
+}
+
+void RolloutEngine::pump(const std::shared_ptr<SyncState>& st) {
+  const size_t bucket = config_.rollout.sync_bucket_bytes;
+  while (st->failed.ok() && st->in_flight < config_.rollout.sync_reads_in_flight && st->next_offset < st->total_bytes) {
+    const uint64_t offset = st->next_offset;
+    const uint64_t len = std::min<uint64_t>(bucket, st->total_bytes - offset);
+    st->next_offset += len;
+    ++st->in_flight;
+    auto* dst = reinterpret_cast<std::byte*>(standby_->params()) + offset;
+    read_buffer_into(st->weights.buffer, standby_, dst, len, offset).then([this, st](Result<void> r) {
+      --st->in_flight;
+      if (!r && st->failed.ok()) st->failed = r.error();
+      if (st->in_flight > 0) {
+        if (st->failed.ok()) pump(st);
+        return;
+      }
+      if (!st->failed.ok()) {
+        syncing_ = false;
+        return st->reply.fail(Status(st->failed.code(), "rollout engine: weight sync to version " +
+                                                            std::to_string(st->weights.version) +
+                                                            " failed: " + st->failed.message()));
+      }
+      if (st->next_offset < st->total_bytes) return pump(st);
+      const uint32_t interrupted = static_cast<uint32_t>(live_.size());
+      switch_weights(st->weights.version);
+      syncing_ = false;
+      st->reply.complete(SyncReport{st->weights.version, st->total_bytes, seconds_since(st->start), interrupted});
+    });
+  }
+}
+
+void RolloutEngine::switch_weights(uint64_t version) {
+  std::swap(active_, standby_);
+  version_ = version;
+  report_.version = version;
+  // Sequences in flight go on with the new weights: their keys and values
+  // are recomputed at the next step (a partial rollout).
+  for (Sequence& s : live_) {
+    cache_->clear(s.slot);
+    s.fed = 0;
+  }
+  admit();
+  schedule_tick();
+}
+
+EngineReport RolloutEngine::handle(const GetEngineReport&) {
+  EngineReport r = report_;
+  r.version = version_;
+  r.live = static_cast<uint32_t>(live_.size());
+  r.queued = static_cast<uint32_t>(queued_.size());
+  return r;
+}
+
+}  // namespace troupe::rl::rollout

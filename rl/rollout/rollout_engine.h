@@ -1,0 +1,176 @@
+// A generation engine of the rollout mesh: a copy of the policy's weights
+// with a version, a KV cache of `rollout.max_sequences` slots, and a decode
+// loop with continuous batching: the engine runs one step at a time (one
+// token for every live sequence, a whole prompt for a new one), and the
+// messages that arrive in between, new prompt groups and new weights, take
+// effect at the next step. A group's reply carries, for each sample, the
+// tokens, the model's log-probability of each, and the weight versions it
+// was generated with.
+//
+// New weights arrive as a handle to the trainer's published buffer
+// (trainer_rank.h): the engine reads them with one-sided reads, in buckets,
+// several in flight, into a second copy of the model while it keeps
+// decoding with the first; once all is in, it switches between two steps.
+// Sequences in flight then go on with the new weights (their cached keys
+// and values are recomputed: a partial rollout); each sample records the
+// first and last version that produced its tokens.
+//
+// A group asks for weights of at least `min_version`: it waits in the
+// queue until the engine has them (an engine that has just restarted has
+// none until the driver syncs it).
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <limits>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <troupe/remote_buffer.h>
+#include <troupe/troupe.h>
+
+#include "config/rl_config.h"
+#include "model/generate.h"
+#include "model/gpt.h"
+#include "model/kv_cache.h"
+#include "model/sampler.h"
+#include "trainer/trainer_rank.h"
+
+namespace troupe::rl::rollout {
+
+/// No weights yet (a new or restarted engine).
+inline constexpr uint64_t kNoVersion = std::numeric_limits<uint64_t>::max();
+
+/// `samples` continuations of one prompt; sample i draws from the random
+/// stream (seed, i), so what a sample is does not depend on the engine or
+/// the batch it ran in.
+struct PromptGroup {
+  uint64_t id = 0;
+  std::vector<int32_t> prompt;
+  uint32_t samples = 1;
+  uint64_t seed = 0;
+  TROUPE_FIELDS(id, prompt, samples, seed);
+};
+
+/// Generates the groups (the reply comes when all are done). `temperature`
+/// < 0: the job's sampling settings; 0: greedy (evaluation).
+struct Generate {
+  std::vector<PromptGroup> groups;
+  uint64_t min_version = 0;
+  double temperature = -1;
+  TROUPE_MESSAGE_NAMED(Generate, "troupe.rl.Generate", groups, min_version, temperature);
+};
+
+/// One continuation.
+struct Sample {
+  std::vector<int32_t> tokens;
+  std::vector<float> logprobs;
+  /// model::StopReason.
+  uint8_t stop = 0;
+  /// The weight versions of its first and last token.
+  uint64_t version_first = 0, version_last = 0;
+  TROUPE_FIELDS(tokens, logprobs, stop, version_first, version_last);
+};
+
+/// A group's samples, in sample order.
+struct GroupSamples {
+  uint64_t id = 0;
+  std::vector<Sample> samples;
+  TROUPE_FIELDS(id, samples);
+};
+
+/// Takes new weights from a trainer's published buffer.
+struct SyncWeights {
+  trainer::PublishedWeights weights;
+  TROUPE_MESSAGE_NAMED(SyncWeights, "troupe.rl.SyncWeights", weights);
+};
+
+/// What a sync did.
+struct SyncReport {
+  uint64_t version = 0;
+  uint64_t bytes = 0;
+  /// From the message's arrival to the switch.
+  double seconds = 0;
+  /// Sequences in flight that went on with the new weights.
+  uint32_t interrupted = 0;
+  TROUPE_FIELDS(version, bytes, seconds, interrupted);
+};
+
+/// The engine's counters.
+struct EngineReport {
+  uint64_t version = kNoVersion;
+  uint32_t live = 0, queued = 0;
+  uint64_t tokens_generated = 0, decode_steps = 0;
+  /// Seconds spent in decode steps since the engine started.
+  double busy_seconds = 0;
+  TROUPE_FIELDS(version, live, queued, tokens_generated, decode_steps, busy_seconds);
+};
+struct GetEngineReport {
+  TROUPE_MESSAGE_NAMED(GetEngineReport, "troupe.rl.GetEngineReport");
+};
+
+/// Internal: the engine's next decode step.
+struct EngineTick {
+  TROUPE_MESSAGE_NAMED(EngineTick, "troupe.rl.EngineTick");
+};
+
+/// The actor.
+class RolloutEngine : public Actor<RolloutEngine, Generate, SyncWeights, GetEngineReport, EngineTick> {
+ public:
+  /// An engine of the job configured by `config_toml` (rl_config.h).
+  explicit RolloutEngine(std::string config_toml);
+
+  Deferred<std::vector<GroupSamples>> handle(const Generate& m);
+  Deferred<SyncReport> handle(const SyncWeights& m);
+  EngineReport handle(const GetEngineReport& m);
+  void handle(const EngineTick& m);
+
+ private:
+  // One request's groups, answered when the last sample is done.
+  struct Request {
+    Deferred<std::vector<GroupSamples>> reply;
+    std::vector<GroupSamples> groups;
+    size_t left = 0;
+    uint64_t min_version = 0;
+    model::SamplingParams sampling;
+  };
+  // One sequence being generated.
+  struct Sequence {
+    std::shared_ptr<Request> request;
+    size_t group = 0, sample = 0;
+    std::vector<int32_t> prompt;
+    model::SampleRng rng;
+    uint32_t slot = 0;
+    // Tokens of prompt + sample already in the cache.
+    size_t fed = 0;
+  };
+
+  void schedule_tick();
+  // Moves queued sequences whose version is met into free slots.
+  void admit();
+  void finish(Sequence& s, model::StopReason why);
+  void switch_weights(uint64_t version);
+  // A sync in progress: its reads of the published buffer, in buckets.
+  struct SyncState;
+  void pump(const std::shared_ptr<SyncState>& st);
+
+  config::RlConfig config_;
+  std::shared_ptr<model::Gpt<float>> active_, standby_;
+  uint64_t version_ = kNoVersion;
+  std::optional<model::KvCache> cache_;
+  std::deque<Sequence> queued_;
+  std::vector<Sequence> live_;
+  std::vector<uint32_t> free_slots_;
+  bool tick_scheduled_ = false;
+  bool syncing_ = false;
+  // Scratch of a step.
+  std::vector<model::DecodeRow> rows_;
+  std::vector<float> logits_, scratch_;
+  std::vector<int32_t> order_;
+  EngineReport report_;
+};
+
+}  // namespace troupe::rl::rollout

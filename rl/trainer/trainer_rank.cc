@@ -1,0 +1,250 @@
+#include "trainer/trainer_rank.h"
+
+#include <chrono>
+#include <cstring>
+#include <span>
+#include <stdexcept>
+
+#include "model/safetensors.h"
+#include "model/threads.h"
+#include "model/tokenizer.h"
+#include "train/batch.h"
+
+namespace troupe::rl::trainer {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+config::RlConfig parse_or_throw(const std::string& text) {
+  auto c = config::parse_rl_config(text, "job config");
+  // The driver parsed the same text before starting the mesh: a failure
+  // here is a broken invariant (another troupe version on a worker).
+  if (!c) throw std::runtime_error("trainer: " + c.error().message());
+  return *c;
+}
+
+model::Gpt<float> initial_model(const config::RlConfig& c) {
+  auto gpt = model::Gpt<float>::make(c.model.shape);
+  if (!gpt) throw std::runtime_error("trainer: " + gpt.error().message());
+  if (c.model.init == config::ModelInit::checkpoint) {
+    if (Status s = model::load_model(c.model.checkpoint, gpt->layout(), gpt->params()); !s.ok()) {
+      throw std::runtime_error("trainer: " + s.message());
+    }
+  } else {
+    gpt->init_random(c.run.seed);
+  }
+  return std::move(*gpt);
+}
+
+model::AdamWConfig optim_for(const config::RlConfig& c) {
+  // The warm-up's optimizer trains first; a job without one starts with
+  // the RL optimizer (a warm-up's end resets to it: see TrainStep).
+  return c.model.init == config::ModelInit::warmup && c.warmup.steps > 0 ? c.warmup.optim : c.algorithm.optim;
+}
+
+uint64_t fnv1a(const void* data, size_t n) {
+  const auto* p = static_cast<const unsigned char*>(data);
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (size_t i = 0; i < n; ++i) {
+    h ^= p[i];
+    h *= 0x100000001b3ull;
+  }
+  return h;
+}
+
+}  // namespace
+
+TrainerRank::TrainerRank(std::string config_toml) : config_(parse_or_throw(config_toml)) {
+  model::set_compute_threads(config_.trainer.threads);
+  trainer_.emplace(initial_model(config_), optim_for(config_));
+}
+
+void TrainerRank::handle(const JoinTrainerGroup& m) { group_ = m.group; }
+
+Deferred<RankStepStats> TrainerRank::handle(const TrainStep& m) {
+  auto reply = defer<RankStepStats>();
+  const auto start = Clock::now();
+  train::StepStats st;
+  if (m.sequences.empty()) {
+    trainer_->zero_gradients();
+  } else {
+    std::vector<train::TrainSequence> seqs;
+    seqs.reserve(m.sequences.size());
+    for (const auto& w : m.sequences) seqs.push_back({w.prompt, w.completion, w.logprobs, w.advantage});
+    auto batch = train::make_train_batch(seqs, config_.model.shape.context_length, model::ByteTokenizer::kPad);
+    if (!batch) {
+      reply.fail(batch.error());
+      return reply;
+    }
+    Result<train::StepStats> r = train::StepStats{};
+    if (m.supervised) {
+      r = trainer_->supervised_gradients(*batch, m.grad_scale);
+    } else {
+      const float* ref = nullptr;
+      if (config_.algorithm.loss.kl_coef > 0) {
+        if (!reference_) reference_.emplace(trainer_->model());
+        if (Status s = reference_->forward(batch->tokens.data(), batch->targets.data(), batch->B, batch->T);
+            !s.ok()) {
+          reply.fail(s);
+          return reply;
+        }
+        ref_logprobs_.resize(batch->B * batch->T);
+        for (size_t i = 0; i < ref_logprobs_.size(); ++i) ref_logprobs_[i] = -reference_->losses()[i];
+        ref = ref_logprobs_.data();
+      }
+      r = trainer_->policy_gradients(*batch, config_.algorithm.loss, ref, m.grad_scale);
+    }
+    if (!r) {
+      reply.fail(r.error());
+      return reply;
+    }
+    st = *r;
+  }
+  RankStepStats out;
+  out.loss = st.loss;
+  out.completion_tokens = st.completion_tokens;
+  out.clip_fraction = st.policy.clip_fraction;
+  out.ratio_mean = st.policy.ratio_mean;
+  out.kl = st.policy.kl;
+  out.compute_seconds = seconds_since(start);
+
+  auto finish = [this, reply, out, st](Clock::time_point reduce_start) mutable {
+    out.allreduce_seconds = seconds_since(reduce_start);
+    trainer_->apply_gradients(st);
+    out.grad_norm = st.grad_norm;
+    out.learning_rate = st.learning_rate;
+    reply.complete(out);
+  };
+  if (config_.trainer.ranks == 1) {
+    finish(Clock::now());
+    return reply;
+  }
+  if (!group_) {
+    reply.fail(Status(ErrorCode::invalid_argument,
+                      "trainer rank " + std::to_string(group_ ? group_->rank : 0) + ": no collective group yet (send JoinTrainerGroup)"));
+    return reply;
+  }
+  const size_t n = trainer_->model().layout().total();
+  const auto reduce_start = Clock::now();
+  ask<void>(group_->engine(self()), AllReduce{group_->id, group_->rank, trainer_->model().grads(), n,
+                                              DType::float32, ReduceOp::sum})
+      .then([finish, reduce_start, reply, this](Result<void> r) mutable {
+        if (!r) {
+          reply.fail(Status(r.error().code(), "trainer rank " + std::to_string(group_ ? group_->rank : 0) +
+                                                  ": gradient allreduce failed: " + r.error().message()));
+          return;
+        }
+        finish(reduce_start);
+      });
+  return reply;
+}
+
+PublishedWeights TrainerRank::handle(const PublishWeights& m) {
+  const auto& gpt = trainer_->model();
+  const size_t n = gpt.layout().total();
+  if (!published_.handle()) {
+    auto reg = allocate_buffer(n * sizeof(float));
+    if (!reg) fail("trainer: cannot register the published weights: " + reg.error().message());
+    published_ = std::move(*reg);
+  }
+  std::memcpy(published_.data(), gpt.params(), n * sizeof(float));
+  return {published_.handle(), m.version, n};
+}
+
+void TrainerRank::handle(const StartRlPhase&) {
+  if (config_.algorithm.loss.kl_coef > 0) reference_.emplace(trainer_->model());
+  // The warm-up's optimizer state is not the RL phase's: start it afresh
+  // (what a job started from a checkpoint of the warm-up would do).
+  model::Gpt<float> weights = std::move(trainer_->model());  // emplace destroys the old trainer first
+  trainer_.emplace(std::move(weights), config_.algorithm.optim);
+}
+
+Deferred<void> TrainerRank::handle(const SaveTrainerState& m) {
+  auto reply = defer<void>();
+  model::SafetensorsMetadata meta(m.metadata.begin(), m.metadata.end());
+  const auto& gpt = trainer_->model();
+  Status s = model::save_training_state(m.path, gpt.layout(), gpt.params(), trainer_->optimizer(), meta);
+  if (s.ok()) {
+    reply.complete();
+  } else {
+    reply.fail(s);
+  }
+  return reply;
+}
+
+Deferred<std::vector<std::pair<std::string, std::string>>> TrainerRank::handle(const LoadTrainerState& m) {
+  auto reply = defer<std::vector<std::pair<std::string, std::string>>>();
+  // Into a copy: a state that does not fit leaves this rank as it was.
+  train::PolicyTrainer loaded(trainer_->model(), config_.algorithm.optim);
+  auto meta = model::load_training_state(m.path, loaded.model().layout(), loaded.model().params(), loaded.optimizer());
+  if (!meta) {
+    reply.fail(Status(meta.error().code(), "trainer: resume: " + meta.error().message()));
+    return reply;
+  }
+  trainer_.emplace(std::move(loaded));
+  if (config_.algorithm.loss.kl_coef > 0) reference_.reset();
+  reply.complete({meta->begin(), meta->end()});
+  return reply;
+}
+
+TrainerStateHandles TrainerRank::handle(const ExportTrainerState&) {
+  const auto& gpt = trainer_->model();
+  const size_t n = gpt.layout().total();
+  auto copy = [&](BufferRegistration& reg, const float* src) {
+    if (!reg.handle()) {
+      auto r = allocate_buffer(n * sizeof(float));
+      if (!r) fail("trainer: cannot register the exported state: " + r.error().message());
+      reg = std::move(*r);
+    }
+    std::memcpy(reg.data(), src, n * sizeof(float));
+  };
+  copy(exported_params_, gpt.params());
+  copy(exported_m_, trainer_->optimizer().m().data());
+  copy(exported_v_, trainer_->optimizer().v().data());
+  return {exported_params_.handle(), exported_m_.handle(), exported_v_.handle(), trainer_->optimizer().steps(), n};
+}
+
+Deferred<uint64_t> TrainerRank::handle(const ImportTrainerState& m) {
+  auto reply = defer<uint64_t>();
+  const size_t n = trainer_->model().layout().total();
+  if (m.from.floats != n) {
+    reply.fail(Status(ErrorCode::invalid_argument, "trainer: the exported state has " + std::to_string(m.from.floats) +
+                                                       " parameters, this model " + std::to_string(n)));
+    return reply;
+  }
+  // Three reads into buffers the reads own; the state changes only once
+  // all three are in.
+  struct Incoming {
+    std::vector<float> params, m, v;
+    int left = 3;
+    Status failed;
+  };
+  auto in = std::make_shared<Incoming>();
+  in->params.resize(n);
+  in->m.resize(n);
+  in->v.resize(n);
+  const uint64_t steps = m.from.optimizer_steps;
+  auto done = [this, in, reply, steps](Result<void> r) mutable {
+    if (!r && in->failed.ok()) in->failed = r.error();
+    if (--in->left > 0) return;
+    if (!in->failed.ok()) return reply.fail(Status(in->failed.code(), "trainer: state copy: " + in->failed.message()));
+    std::memcpy(trainer_->model().params(), in->params.data(), in->params.size() * sizeof(float));
+    if (Status s = trainer_->optimizer().restore(std::move(in->m), std::move(in->v), steps); !s.ok()) {
+      return reply.fail(s);
+    }
+    reply.complete(steps);
+  };
+  read_buffer_into(m.from.params, in, in->params.data(), n * sizeof(float)).then(done);
+  read_buffer_into(m.from.m, in, in->m.data(), n * sizeof(float)).then(done);
+  read_buffer_into(m.from.v, in, in->v.data(), n * sizeof(float)).then(done);
+  return reply;
+}
+
+uint64_t TrainerRank::handle(const ParamsChecksum&) {
+  const auto& gpt = trainer_->model();
+  return fnv1a(gpt.params(), gpt.layout().total() * sizeof(float));
+}
+
+}  // namespace troupe::rl::trainer

@@ -1,0 +1,165 @@
+// One data-parallel rank of the trainer mesh: a replica of the policy and
+// its optimizer. A step gives each rank its share of the batch; each
+// computes its gradient, the ranks sum them with the mesh's allreduce, and
+// each applies the same sum, so the replicas stay identical (bit for bit:
+// the same bytes in, the same operations). Rank 0 also publishes the
+// weights for the rollout engines to read (a registered buffer: one-sided
+// reads) and writes checkpoints.
+//
+// The rank is built from the job's config text (rl_config.h), which every
+// process parses itself.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <troupe/collective_group.h>
+#include <troupe/remote_buffer.h>
+#include <troupe/troupe.h>
+
+#include "config/rl_config.h"
+#include "model/gpt.h"
+#include "train/policy_trainer.h"
+
+namespace troupe::rl::trainer {
+
+/// One sequence to train on, as it travels to a rank.
+struct WireSequence {
+  std::vector<int32_t> prompt;
+  std::vector<int32_t> completion;
+  /// The sampling policy's log-probability of each completion token (empty
+  /// for supervised data).
+  std::vector<float> logprobs;
+  double advantage = 0;
+  TROUPE_FIELDS(prompt, completion, logprobs, advantage);
+};
+
+/// What one rank's step did (its share; the driver combines the ranks').
+struct RankStepStats {
+  /// The rank's loss over its share (weight it by grad_scale to combine).
+  double loss = 0;
+  /// The global gradient norm (the same on every rank).
+  double grad_norm = 0;
+  double learning_rate = 0;
+  uint64_t completion_tokens = 0;
+  double clip_fraction = 0, ratio_mean = 0, kl = 0;
+  /// Seconds computing the gradient, and in the allreduce.
+  double compute_seconds = 0, allreduce_seconds = 0;
+  TROUPE_FIELDS(loss, grad_norm, learning_rate, completion_tokens, clip_fraction, ratio_mean, kl, compute_seconds,
+                allreduce_seconds);
+};
+
+/// Joins the rank to its collective group (sent once per group).
+struct JoinTrainerGroup {
+  CollectiveGroup group;
+  TROUPE_MESSAGE_NAMED(JoinTrainerGroup, "troupe.rl.JoinTrainerGroup", group);
+};
+
+/// One optimizer step on this rank's share of a batch: supervised
+/// (next-token loss on the completions) or policy (the config's
+/// policy-gradient loss with the sequences' advantages). `grad_scale` is
+/// the rank's share of the loss's denominator (see PolicyTrainer). Every
+/// rank of the group must get one, even with no sequences.
+struct TrainStep {
+  bool supervised = false;
+  std::vector<WireSequence> sequences;
+  double grad_scale = 1.0;
+  TROUPE_MESSAGE_NAMED(TrainStep, "troupe.rl.TrainStep", supervised, sequences, grad_scale);
+};
+
+/// The weights for readers elsewhere: a registered copy of the
+/// parameters, valid until the next PublishWeights to this rank.
+struct PublishedWeights {
+  RemoteBuffer buffer;
+  uint64_t version = 0;
+  /// Floats in the buffer (the layout's total).
+  uint64_t floats = 0;
+  TROUPE_FIELDS(buffer, version, floats);
+};
+
+/// Copies the parameters into the rank's published buffer as `version`.
+struct PublishWeights {
+  uint64_t version = 0;
+  TROUPE_MESSAGE_NAMED(PublishWeights, "troupe.rl.PublishWeights", version);
+};
+
+/// Ends the warm-up: the current weights become the reference policy of
+/// the KL penalty, and the RL phase's optimizer starts afresh.
+struct StartRlPhase {
+  TROUPE_MESSAGE_NAMED(StartRlPhase, "troupe.rl.StartRlPhase");
+};
+
+/// Writes the training state (weights, optimizer, its step) to `path`
+/// (a safetensors file, atomically), with `metadata` beside it (keys not
+/// starting with "troupe."). A failed write is the reply's error; the rank
+/// goes on.
+struct SaveTrainerState {
+  std::string path;
+  std::vector<std::pair<std::string, std::string>> metadata;
+  TROUPE_MESSAGE_NAMED(SaveTrainerState, "troupe.rl.SaveTrainerState", path, metadata);
+};
+
+/// Reads a training state written by SaveTrainerState; replies with its
+/// metadata.
+struct LoadTrainerState {
+  std::string path;
+  TROUPE_MESSAGE_NAMED(LoadTrainerState, "troupe.rl.LoadTrainerState", path);
+};
+
+/// The rank's whole state for another rank to copy (a rank that restarted
+/// takes a survivor's instead of the last checkpoint's).
+struct TrainerStateHandles {
+  RemoteBuffer params, m, v;
+  uint64_t optimizer_steps = 0;
+  uint64_t floats = 0;
+  TROUPE_FIELDS(params, m, v, optimizer_steps, floats);
+};
+struct ExportTrainerState {
+  TROUPE_MESSAGE_NAMED(ExportTrainerState, "troupe.rl.ExportTrainerState");
+};
+struct ImportTrainerState {
+  TrainerStateHandles from;
+  TROUPE_MESSAGE_NAMED(ImportTrainerState, "troupe.rl.ImportTrainerState", from);
+};
+
+/// A checksum of the parameters (FNV-1a over their bytes): equal on every
+/// rank when the replicas agree.
+struct ParamsChecksum {
+  TROUPE_MESSAGE_NAMED(ParamsChecksum, "troupe.rl.ParamsChecksum");
+};
+
+/// The actor.
+class TrainerRank : public Actor<TrainerRank, JoinTrainerGroup, TrainStep, PublishWeights, StartRlPhase,
+                                 SaveTrainerState, LoadTrainerState, ExportTrainerState, ImportTrainerState,
+                                 ParamsChecksum> {
+ public:
+  /// A rank of the job configured by `config_toml` (rl_config.h); its
+  /// weights are the config's init (random or a checkpoint; a warm-up is
+  /// trained through TrainStep). Its rank is its group's (JoinTrainerGroup).
+  explicit TrainerRank(std::string config_toml);
+
+  void handle(const JoinTrainerGroup& m);
+  Deferred<RankStepStats> handle(const TrainStep& m);
+  PublishedWeights handle(const PublishWeights& m);
+  void handle(const StartRlPhase& m);
+  Deferred<void> handle(const SaveTrainerState& m);
+  Deferred<std::vector<std::pair<std::string, std::string>>> handle(const LoadTrainerState& m);
+  TrainerStateHandles handle(const ExportTrainerState& m);
+  Deferred<uint64_t> handle(const ImportTrainerState& m);
+  uint64_t handle(const ParamsChecksum& m);
+
+ private:
+  config::RlConfig config_;
+  std::optional<train::PolicyTrainer> trainer_;
+  std::optional<model::Gpt<float>> reference_;
+  std::optional<CollectiveGroup> group_;
+  // The published copy of the parameters, and the exported state.
+  BufferRegistration published_;
+  BufferRegistration exported_params_, exported_m_, exported_v_;
+  std::vector<float> ref_logprobs_;
+};
+
+}  // namespace troupe::rl::trainer
