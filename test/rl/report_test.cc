@@ -5,15 +5,10 @@
 // wall time runs on across a resume, plots of one point, all-equal values,
 // nothing or NaN still draw, and a page that cannot be written is an error
 // that leaves the older page whole.
-#include <signal.h>
-#include <stdlib.h>
-#include <sys/resource.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
-#include <fstream>
 #include <limits>
 #include <sstream>
 #include <string>
@@ -24,44 +19,23 @@
 
 #include "report/plot.h"
 #include "report/report.h"
+#include "support/temp_files.h"
 
 using namespace troupe::rl::report;
 using troupe::ErrorCode;
 using json = nlohmann::json;
 namespace fs = std::filesystem;
+using troupe::test::read_file;
+using troupe::test::with_file_size_limit;
 
 namespace {
 
-// A fresh run directory, removed with everything in it at scope exit.
-struct RunDir {
-  fs::path path;
-  RunDir() {
-    std::string pattern = (fs::temp_directory_path() / "troupe-report-XXXXXX").string();
-    REQUIRE(::mkdtemp(pattern.data()) != nullptr);
-    path = pattern;
-  }
-  ~RunDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
+// A fresh run directory, removed at scope exit.
+struct RunDir : troupe::test::TempDir {
+  RunDir() : TempDir("troupe-report") {}
   fs::path metrics() const { return path / "metrics.jsonl"; }
-  void write_metrics(const std::string& text) const {
-    std::ofstream out(metrics(), std::ios::binary);
-    out << text;
-    REQUIRE(out.good());
-  }
-  std::vector<std::string> names() const {
-    std::vector<std::string> out;
-    for (const auto& entry : fs::directory_iterator(path)) out.push_back(entry.path().filename().string());
-    std::sort(out.begin(), out.end());
-    return out;
-  }
+  void write_metrics(const std::string& text) const { troupe::test::write_file(metrics(), text); }
 };
-
-std::string contents(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
 
 json step_line(int step, double wall_s) {
   return {{"event", "step"},
@@ -386,7 +360,7 @@ TEST_CASE("report: a missing or empty metrics file is an error that says what wr
     auto written = write_report(dir.path.string());
     REQUIRE_FALSE(written.has_value());
     CHECK(written.error().code() == ErrorCode::not_found);
-    CHECK(dir.names().empty());
+    CHECK(dir.entries().empty());
   }
   SECTION("empty, or blank lines only") {
     for (const char* text : {"", "\n \n\n"}) {
@@ -533,7 +507,7 @@ TEST_CASE("report: a long run's time split is drawn as bins of steps, quickly", 
   auto written = write_report(dir.path.string());
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   REQUIRE(written.has_value());
-  const std::string html = contents(*written);
+  const std::string html = read_file(*written);
   const std::string split = svg_by_id(html, "plot-time-split");
   CHECK(count_of(split, "<rect class=\"part-train\"") == 200);  // 25 steps a bar
   CHECK_THAT(html, Catch::Contains("each bar: the mean of 25 steps"));
@@ -548,13 +522,13 @@ TEST_CASE("report: write_report writes report.html beside the metrics and return
   auto written = write_report(dir.path.string());
   REQUIRE(written.has_value());
   CHECK(*written == (dir.path / "report.html").string());
-  CHECK(dir.names() == std::vector<std::string>{"metrics.jsonl", "report.html"});
-  const std::string html = contents(*written);
+  CHECK(dir.entries() == std::vector<std::string>{"metrics.jsonl", "report.html"});
+  const std::string html = read_file(*written);
   CHECK(html.starts_with("<!DOCTYPE html>"));
   CHECK(html.ends_with("</html>\n"));
   // Again over the old page (a refresh while the run goes on).
   REQUIRE(write_report(dir.path.string()).has_value());
-  CHECK(contents(*written) == html);
+  CHECK(read_file(*written) == html);
 }
 
 TEST_CASE("report: a page that cannot be written is an error naming the path; the older page stays whole",
@@ -570,32 +544,19 @@ TEST_CASE("report: a page that cannot be written is an error naming the path; th
     CHECK_THAT(written.error().message(), Catch::Contains("cannot write " + page.string()));
     CHECK_THAT(written.error().message(), Catch::Contains("renaming"));
     CHECK_THAT(written.error().message(), Catch::Contains("make the run directory writable"));
-    CHECK(dir.names() == std::vector<std::string>{"metrics.jsonl", "report.html"});
+    CHECK(dir.entries() == std::vector<std::string>{"metrics.jsonl", "report.html"});
   }
   SECTION("the disk fills mid-write (a file size limit)") {
     REQUIRE(write_report(dir.path.string()).has_value());
-    const std::string before = contents(page);
+    const std::string before = read_file(page);
     dir.write_metrics(realistic_run(40));
-    // Writes past RLIMIT_FSIZE fail with EFBIG (SIGXFSZ ignored), as a
-    // full disk's fail with ENOSPC.
-    struct rlimit old {};
-    REQUIRE(::getrlimit(RLIMIT_FSIZE, &old) == 0);
-    struct sigaction ignore {
-    }, old_action{};
-    ignore.sa_handler = SIG_IGN;
-    REQUIRE(::sigaction(SIGXFSZ, &ignore, &old_action) == 0);
-    struct rlimit small = old;
-    small.rlim_cur = 4096;
-    REQUIRE(::setrlimit(RLIMIT_FSIZE, &small) == 0);
-    auto written = write_report(dir.path.string());
-    ::setrlimit(RLIMIT_FSIZE, &old);
-    ::sigaction(SIGXFSZ, &old_action, nullptr);
+    auto written = with_file_size_limit(4096, [&] { return write_report(dir.path.string()); });
     REQUIRE_FALSE(written.has_value());
     CHECK(written.error().code() == ErrorCode::storage);
     CHECK_THAT(written.error().message(), Catch::Contains(page.string()));
     CHECK_THAT(written.error().message(), Catch::Contains("File too large"));
-    CHECK(dir.names() == std::vector<std::string>{"metrics.jsonl", "report.html"});
-    CHECK(contents(page) == before);
+    CHECK(dir.entries() == std::vector<std::string>{"metrics.jsonl", "report.html"});
+    CHECK(read_file(page) == before);
   }
   SECTION("a run directory that does not exist") {
     auto written = write_report((dir.path / "nope").string());
