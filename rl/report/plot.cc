@@ -276,6 +276,11 @@ std::string svg_line_plot(const LinePlot& plot) {
   if (plot.y_unit_interval && ys.low >= 0 && ys.high <= 1) {
     ys.low = 0;
     ys.high = 1;
+  } else if (const double span = ys.high - ys.low; span > 0 && std::isfinite(span)) {
+    // Room above (and below, unless at 0) so that a line at the extreme
+    // does not run along the frame.
+    ys.high += 0.02 * span;
+    if (ys.low != 0) ys.low -= 0.02 * span;
   }
   if (plot.y_from_zero && ys.low > 0) ys.low = 0;
   const Frame f{make_axis(xs.low, xs.high, plot.x_integer), make_axis(ys.low, ys.high, false)};
