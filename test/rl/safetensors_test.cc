@@ -4,9 +4,6 @@
 // malformed file is refused with a message naming the problem, a model of
 // another config is refused by name, and a failed write leaves nothing
 // behind (and an older checkpoint intact).
-#include <signal.h>
-#include <stdlib.h>
-#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -28,48 +25,22 @@
 #include "model/adamw.h"
 #include "model/gpt.h"
 #include "model/safetensors.h"
+#include "support/temp_files.h"
 
 using namespace troupe::rl::model;
 using troupe::ErrorCode;
 using troupe::Status;
 namespace fs = std::filesystem;
+using troupe::test::read_file;
+using troupe::test::TempDir;
+using troupe::test::with_file_size_limit;
+using troupe::test::write_file;
 
 namespace {
-
-// A fresh directory, removed with everything in it at scope exit.
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "troupe-safetensors-XXXXXX").string();
-    REQUIRE(::mkdtemp(tmpl.data()) != nullptr);
-    path = tmpl;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::permissions(path, fs::perms::owner_all, fs::perm_options::add, ec);
-    fs::remove_all(path, ec);
-  }
-  std::vector<std::string> entries() const {
-    std::vector<std::string> out;
-    for (const auto& e : fs::directory_iterator(path)) out.push_back(e.path().filename().string());
-    return out;
-  }
-};
 
 GptConfig tiny(bool tied = true) {
   return GptConfig{
       .vocab_size = 13, .context_length = 6, .layers = 2, .heads = 2, .channels = 8, .tied_embeddings = tied};
-}
-
-std::string bytes_of_file(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
-
-void write_file(const fs::path& p, const std::string& bytes) {
-  std::ofstream out(p, std::ios::binary);
-  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-  REQUIRE(out.good());
 }
 
 std::string u64_le(uint64_t n) {
@@ -138,7 +109,7 @@ const std::string kF32Entry = R"({"dtype":"F32","shape":[2],"data_offsets":)";
 
 TEST_CASE("safetensors: a random model round-trips bit for bit in F32 and computes the same losses",
           "[rl][safetensors]") {
-  TempDir dir;
+  TempDir dir("troupe-safetensors");
   for (bool tied : {true, false}) {
     INFO("tied embeddings " << tied);
     auto a = Gpt<float>::make(tiny(tied)).value();
@@ -176,7 +147,7 @@ TEST_CASE("safetensors: a random model round-trips bit for bit in F32 and comput
 
 TEST_CASE("safetensors: BF16 weights are half the size, within bf16's precision, and widen exactly",
           "[rl][safetensors]") {
-  TempDir dir;
+  TempDir dir("troupe-safetensors");
   auto a = Gpt<float>::make(tiny()).value();
   a.init_random(7);
   const size_t n = a.layout().total();
@@ -210,7 +181,7 @@ TEST_CASE("safetensors: BF16 weights are half the size, within bf16's precision,
 
 TEST_CASE("safetensors: BF16 rounds to nearest even and keeps NaN, infinity and the sign of zero",
           "[rl][safetensors]") {
-  TempDir dir;
+  TempDir dir("troupe-safetensors");
   auto layout = ParamLayout::make(tiny()).value();
   std::vector<float> p(layout.total(), 0.0f);
   const float cases[] = {
@@ -250,7 +221,7 @@ TEST_CASE("safetensors: BF16 rounds to nearest even and keeps NaN, infinity and 
 
 TEST_CASE("safetensors: training resumed from a checkpoint matches uninterrupted training bit for bit",
           "[rl][safetensors]") {
-  TempDir dir;
+  TempDir dir("troupe-safetensors");
   const AdamWConfig oc{.learning_rate = 1e-2, .warmup_steps = 2, .decay_steps = 10};
   auto a = Gpt<float>::make(tiny(false)).value();
   a.init_random(3);
@@ -304,12 +275,12 @@ TEST_CASE("safetensors: adamw restore refuses moments of another size and change
 
 TEST_CASE("safetensors: the bytes follow the spec (length, JSON header, 8-byte alignment, contiguous offsets)",
           "[rl][safetensors]") {
-  TempDir dir;
+  TempDir dir("troupe-safetensors");
   auto m = Gpt<float>::make(tiny(false)).value();
   m.init_random(5);
   fs::path p = dir.path / "model.safetensors";
   REQUIRE(save_model(p, m.layout(), m.params(), {{"note", "caf\xc3\xa9 \"quoted\"\n"}}).ok());
-  const std::string bytes = bytes_of_file(p);
+  const std::string bytes = read_file(p);
   REQUIRE(bytes.size() >= 8);
   uint64_t n;
   std::memcpy(&n, bytes.data(), 8);
@@ -344,7 +315,7 @@ TEST_CASE("safetensors: the bytes follow the spec (length, JSON header, 8-byte a
 }
 
 TEST_CASE("safetensors: files as Python's safetensors writes them are read", "[rl][safetensors]") {
-  TempDir dir;
+  TempDir dir("troupe-safetensors");
   SECTION("mixed dtypes, keys out of offset order, a __metadata__ and space padding") {
     // save_file({"weight": f32 (2,3), "bias": bf16 (3,), "ids": i64 (2,)}, metadata={"format": "pt"}):
     // data sorted by dtype alignment, then name.
@@ -429,7 +400,7 @@ TEST_CASE("safetensors: files as Python's safetensors writes them are read", "[r
 }
 
 TEST_CASE("safetensors: every malformed file is refused with a message naming the problem", "[rl][safetensors]") {
-  TempDir dir;
+  TempDir dir("troupe-safetensors");
   const std::string eight(8, '\0');
   check_malformed(dir, "", "0 bytes, shorter than the 8-byte header length");
   check_malformed(dir, "abcde", "5 bytes, shorter than the 8-byte header length");
@@ -505,11 +476,11 @@ TEST_CASE("safetensors: random corruption of a valid file is refused cleanly or 
   auto layout =
       ParamLayout::make(GptConfig{.vocab_size = 3, .context_length = 2, .layers = 1, .heads = 1, .channels = 1})
           .value();
-  TempDir dir;
+  TempDir dir("troupe-safetensors");
   std::vector<float> params(layout.total(), 0.25f);
   fs::path p = dir.path / "model.safetensors";
   REQUIRE(save_model(p, layout, params.data()).ok());
-  const std::string good = bytes_of_file(p);
+  const std::string good = read_file(p);
   std::mt19937 rng(1);
   size_t accepted = 0;
   for (int i = 0; i < 3000; ++i) {
@@ -552,7 +523,7 @@ TEST_CASE("safetensors: random corruption of a valid file is refused cleanly or 
 }
 
 TEST_CASE("safetensors: a checkpoint of another config is refused, naming the tensor or setting", "[rl][safetensors]") {
-  TempDir dir;
+  TempDir dir("troupe-safetensors");
   auto small = Gpt<float>::make(tiny()).value();
   small.init_random(1);
   fs::path p = dir.path / "small.safetensors";
@@ -611,7 +582,7 @@ TEST_CASE("safetensors: a checkpoint of another config is refused, naming the te
 }
 
 TEST_CASE("safetensors: writes refuse bad tensors and reserved metadata keys", "[rl][safetensors]") {
-  TempDir dir;
+  TempDir dir("troupe-safetensors");
   fs::path p = dir.path / "x.safetensors";
   std::vector<float> four(4, 1.0f);
   auto data = std::as_bytes(std::span(four));
@@ -639,7 +610,7 @@ TEST_CASE("safetensors: writes refuse bad tensors and reserved metadata keys", "
 
 TEST_CASE("safetensors: a failed write names the path and the OS's reason and leaves no temporary file",
           "[rl][safetensors]") {
-  TempDir dir;
+  TempDir dir("troupe-safetensors");
   auto layout = ParamLayout::make(tiny()).value();
   std::vector<float> params(layout.total(), 0.5f);
 
@@ -668,28 +639,14 @@ TEST_CASE("safetensors: a failed write names the path and the OS's reason and le
   SECTION("the disk fills mid-write (a file size limit): the older checkpoint stays whole") {
     fs::path p = dir.path / "model.safetensors";
     REQUIRE(save_model(p, layout, params.data()).ok());
-    const std::string before = bytes_of_file(p);
+    const std::string before = read_file(p);
     std::vector<float> newer(layout.total(), -1.0f);
-    // Writes past RLIMIT_FSIZE fail with EFBIG (SIGXFSZ ignored), as a full
-    // disk's fail with ENOSPC. Nothing else may write a file meanwhile, so
-    // the checks wait until the limit is lifted.
-    struct rlimit old {};
-    REQUIRE(::getrlimit(RLIMIT_FSIZE, &old) == 0);
-    struct sigaction ignore {
-    }, old_action{};
-    ignore.sa_handler = SIG_IGN;
-    REQUIRE(::sigaction(SIGXFSZ, &ignore, &old_action) == 0);
-    struct rlimit small = old;
-    small.rlim_cur = 4096;
-    REQUIRE(::setrlimit(RLIMIT_FSIZE, &small) == 0);
-    Status s = save_model(p, layout, newer.data());
-    ::setrlimit(RLIMIT_FSIZE, &old);
-    ::sigaction(SIGXFSZ, &old_action, nullptr);
+    Status s = with_file_size_limit(4096, [&] { return save_model(p, layout, newer.data()); });
     CHECK(s.code() == ErrorCode::storage);
     CHECK_THAT(s.message(), Catch::Contains(p.string()));
     CHECK_THAT(s.message(), Catch::Contains("File too large"));
     CHECK(dir.entries() == std::vector<std::string>{"model.safetensors"});
-    CHECK(bytes_of_file(p) == before);
+    CHECK(read_file(p) == before);
     std::vector<float> loaded(layout.total());
     REQUIRE(load_model(p, layout, loaded.data()).ok());
     CHECK(loaded == params);
