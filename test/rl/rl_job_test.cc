@@ -69,6 +69,13 @@ std::string small_job(const std::string& extra_run, size_t steps, const std::str
          extra;
 }
 
+controller::JobOptions quiet_options(const fs::path& run_dir) {
+  controller::JobOptions o;
+  o.run_dir = run_dir.string();
+  o.progress = [](const std::string&) {};
+  return o;
+}
+
 std::unique_ptr<troupe::Session> session() {
   troupe::InitOptions options;
   options.runtime.log_level = "error";
@@ -194,7 +201,7 @@ TEST_CASE("rl job: the main example learns arithmetic with GRPO on meshes", "[rl
   TempDir dir;
   auto s = session();
   const std::string text = read_file(TROUPE_EXAMPLES_DIR "/rl/arithmetic_grpo.toml");
-  controller::JobOptions options{.run_dir = dir.path.string(), .progress = [](const std::string&) {}};
+  controller::JobOptions options = quiet_options(dir.path);
   auto r = controller::run_rl_job(s->runtime(), s->cluster(), text, options);
   REQUIRE(r.has_value());
   REQUIRE(r->evals.size() >= 2);
@@ -212,7 +219,7 @@ TEST_CASE("rl job: in async mode no sample trained on is older than max_stalenes
   auto s = session();
   const std::string text = small_job("mode = \"async\"\nplacement = \"disaggregated\"\nmax_staleness = 1\n", 12,
                                      "[rollout]\nengines = 2\ngroups_in_flight = 4\n");
-  controller::JobOptions options{.run_dir = dir.path.string(), .progress = [](const std::string&) {}};
+  controller::JobOptions options = quiet_options(dir.path);
   auto r = controller::run_rl_job(s->runtime(), s->cluster(), text, options);
   REQUIRE(r.has_value());
   auto steps = events(dir.path / "metrics.jsonl", "step");
@@ -229,7 +236,7 @@ TEST_CASE("rl job: in async mode no sample trained on is older than max_stalenes
 TEST_CASE("rl job: a run resumed from a checkpoint takes the same next steps as an uninterrupted one", "[rl][job]") {
   TempDir whole, part;
   auto s = session();
-  controller::JobOptions quiet{.progress = [](const std::string&) {}};
+  controller::JobOptions quiet = quiet_options({});
   auto full = quiet;
   full.run_dir = whole.path.string();
   REQUIRE(controller::run_rl_job(s->runtime(), s->cluster(), small_job("checkpoint_every = 3\n", 6), full));

@@ -11,6 +11,7 @@
 
 #include "config/rl_config.h"
 #include "controller/rl_job.h"
+#include "report/report.h"
 
 namespace troupe::cli {
 namespace {
@@ -94,7 +95,10 @@ int run_rl_command(const RlCommand& cmd) {
     if (cmd.resume && cmd.run_dir.empty()) return fail("--resume needs the --run-dir of the run to continue", kUsage);
     return train(cmd);
   }
-  return fail("report: not built yet", 1);
+  auto written = rl::report::write_report(cmd.run_dir);
+  if (!written) return fail("report: " + written.error().message());
+  std::printf("%s\n", written->c_str());
+  return 0;
 }
 
 }  // namespace troupe::cli

@@ -1,0 +1,251 @@
+// The RL job on meshes, measured against its floors in the same run:
+//
+// - weight sync: a trainer rank's published weights read by a rollout
+//   engine in another process (bucketed one-sided reads into the standby
+//   copy, then the switch), for the main job's model and for a ~1 GiB
+//   model, against a plain remote-buffer read of the same bytes from a
+//   third process (the raw remote-buffer bandwidth). Target >= 80%.
+// - rollout tokens/s of one engine fed through the mesh (prompt groups of
+//   8, 8 in flight, continuous batching) against model::generate on the
+//   same model and prompts in one process (the model benchmark's path).
+// - the arithmetic job, sync and async on the same disaggregated config:
+//   the RL phase's wall time and the time split per step, the async
+//   speed-up, and held-out accuracy reached per minute.
+//
+// Usage: troupe_bench_rl_job [--quick] [--transport tcp|ucx]
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+#include <troupe/init.h>
+#include <troupe/mesh.h>
+#include <troupe/worker.h>
+
+#include "common/report.h"
+#include "config/rl_config.h"
+#include "controller/rl_job.h"
+#include "model/generate.h"
+#include "model/threads.h"
+#include "rollout/rollout_engine.h"
+#include "tasks/task.h"
+#include "trainer/trainer_rank.h"
+
+namespace {
+
+using namespace troupe;
+using namespace troupe::rl;
+using bench::emit;
+using Clock = std::chrono::steady_clock;
+namespace fs = std::filesystem;
+
+std::string read_file(const std::string& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// A one-process mesh of class A on a placement group of its own.
+template <class A>
+ActorMesh<A> one_process_mesh(const ClusterClient& cluster, const std::string& text, std::vector<ProcMesh>& keep) {
+  PlacementGroupSpec spec;
+  spec.bundles.assign(1, Bundle{{{"CPU", 1}}});
+  auto pg = cluster.create_placement_group(spec).value();
+  auto procs = ProcMesh::create(cluster, Shape::make({{"procs", 1}}).value(), pg).value();
+  keep.push_back(procs);
+  return procs.template spawn<A>({}, text).value();
+}
+
+std::string model_config(size_t layers, size_t channels, size_t heads) {
+  return "[model]\ninit = \"random\"\nlayers = " + std::to_string(layers) + "\nchannels = " + std::to_string(channels) +
+         "\nheads = " + std::to_string(heads) + "\n[rollout]\nmax_sequences = 8\n";
+}
+
+void weight_sync(Session& s, const std::string& name, const std::string& text, int reps) {
+  std::vector<ProcMesh> procs;
+  auto trainer = one_process_mesh<trainer::TrainerRank>(s.cluster(), text, procs);
+  auto engine = one_process_mesh<rollout::RolloutEngine>(s.cluster(), text, procs);
+  auto pub = trainer.member(0).ask(trainer::PublishWeights{1}, std::chrono::minutes(5)).get().value();
+  const double bytes = static_cast<double>(pub.floats * sizeof(float));
+  std::vector<double> sync_s, raw_s;
+  std::vector<float> local(pub.floats);
+  for (int i = 0; i < reps; ++i) {
+    auto t0 = Clock::now();
+    auto r = engine.member(0).ask(rollout::SyncWeights{pub}, std::chrono::minutes(5)).get();
+    if (!r) {
+      std::fprintf(stderr, "sync failed: %s\n", r.error().message().c_str());
+      return;
+    }
+    sync_s.push_back(bench::seconds_since(t0));
+    t0 = Clock::now();
+    auto raw = pub.buffer.read_into(local.data(), static_cast<size_t>(bytes), 0, std::chrono::minutes(5)).get();
+    if (!raw) {
+      std::fprintf(stderr, "raw read failed: %s\n", raw.error().message().c_str());
+      return;
+    }
+    raw_s.push_back(bench::seconds_since(t0));
+  }
+  const double sync = bench::quantile(sync_s, 0.5), raw = bench::quantile(raw_s, 0.5);
+  emit("rl_weight_sync", name + " sync seconds (" + std::to_string(static_cast<int64_t>(bytes / (1 << 20))) + " MiB)",
+       sync, "s", "raw remote-buffer read of the same bytes", raw, "report");
+  emit("rl_weight_sync", name + " sync bandwidth", bytes / sync / 1e9, "GB/s", "raw remote-buffer read bandwidth",
+       bytes / raw / 1e9, ">= 0.8");
+  for (auto& p : procs) (void)p.stop();
+}
+
+void rollout_throughput(Session& s, const std::string& text, size_t groups) {
+  auto config = config::parse_rl_config(text).value();
+  std::vector<ProcMesh> procs;
+  auto trainer = one_process_mesh<trainer::TrainerRank>(s.cluster(), text, procs);
+  auto engine = one_process_mesh<rollout::RolloutEngine>(s.cluster(), text, procs);
+  auto pub = trainer.member(0).ask(trainer::PublishWeights{0}).get().value();
+  (void)engine.member(0).ask(rollout::SyncWeights{pub}).get().value();
+  const size_t G = config.algorithm.group_size, in_flight = 8;
+  std::vector<rollout::PromptGroup> all;
+  for (size_t g = 0; g < groups; ++g) {
+    all.push_back({g, tasks::prompt_tokens(tasks::rl_prompt(config, g).prompt), static_cast<uint32_t>(G),
+                   tasks::group_seed(config, g)});
+  }
+  // Through the mesh: `in_flight` groups outstanding, a new one as each returns.
+  auto t0 = Clock::now();
+  size_t tokens = 0, next = 0;
+  std::vector<Future<std::vector<rollout::GroupSamples>>> window;
+  while (next < in_flight && next < groups) window.push_back(engine.member(0).ask(rollout::Generate{{all[next++]}, 0, -1}));
+  while (!window.empty()) {
+    auto r = window.front().get().value();
+    window.erase(window.begin());
+    for (const auto& smp : r[0].samples) tokens += smp.tokens.size();
+    if (next < groups) window.push_back(engine.member(0).ask(rollout::Generate{{all[next++]}, 0, -1}));
+  }
+  const double mesh_tps = static_cast<double>(tokens) / bench::seconds_since(t0);
+  // The floor: generate() in this process, the same model, prompts and
+  // batch (in_flight x G sequences at a time), one compute thread as the
+  // engine has.
+  model::set_compute_threads(config.rollout.threads);
+  auto gpt = model::Gpt<float>::make(config.model.shape).value();
+  gpt.init_random(config.run.seed);
+  auto cache = model::KvCache::make(config.model.shape, in_flight * G).value();
+  std::vector<std::vector<int32_t>> prompts;
+  for (const auto& g : all) {
+    for (size_t i = 0; i < G; ++i) prompts.push_back(g.prompt);
+  }
+  t0 = Clock::now();
+  size_t local_tokens = 0;
+  auto sampling = config.rollout_sampling();
+  for (size_t i = 0; i < prompts.size(); i += in_flight * G) {
+    std::vector<std::vector<int32_t>> wave(prompts.begin() + i, prompts.begin() + std::min(prompts.size(), i + in_flight * G));
+    sampling.seed = i;
+    auto out = model::generate(gpt, cache, wave, sampling);
+    if (!out) {
+      std::fprintf(stderr, "generate: %s\n", out.error().message().c_str());
+      return;
+    }
+    for (const auto& c : *out) local_tokens += c.tokens.size();
+  }
+  const double local_tps = static_cast<double>(local_tokens) / bench::seconds_since(t0);
+  emit("rl_rollout", "engine tokens/s through the mesh (groups of 8, 8 in flight)", mesh_tps, "tok/s",
+       "model::generate in one process, same model and batch", local_tps, "report");
+  for (auto& p : procs) (void)p.stop();
+}
+
+struct JobNumbers {
+  double rl_s = 0, final_acc = 0, first_acc = 0;
+  double gen = 0, reward = 0, train = 0, sync = 0, wait = 0;
+  size_t steps = 0;
+};
+
+JobNumbers run_job(Session& s, const std::string& text) {
+  const fs::path dir = fs::temp_directory_path() / ("troupe-rl-bench-" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  controller::JobOptions options;
+  options.run_dir = dir.string();
+  options.progress = [](const std::string&) {};
+  auto r = controller::run_rl_job(s.runtime(), s.cluster(), text, options).value();
+  JobNumbers n;
+  std::ifstream in(dir / "metrics.jsonl");
+  double first_step_wall = -1, last_wall = 0;
+  for (std::string line; std::getline(in, line);) {
+    auto j = nlohmann::json::parse(line);
+    if (j["event"] != "step") continue;
+    const double w = j["wall_s"].get<double>();
+    if (first_step_wall < 0) first_step_wall = w - j["step_s"].get<double>();
+    last_wall = w;
+    ++n.steps;
+    const auto& t = j["time_s"];
+    n.gen += t["generation"].get<double>();
+    n.reward += t["reward"].get<double>();
+    n.train += t["train"].get<double>();
+    n.sync += t["sync"].get<double>();
+    n.wait += t["wait"].get<double>();
+  }
+  n.rl_s = last_wall - first_step_wall;
+  n.first_acc = r.evals.front().second;
+  n.final_acc = r.evals.back().second;
+  fs::remove_all(dir);
+  return n;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  troupe::serve_if_worker();
+  const bool quick = bench::quick(argc, argv);
+  std::string transport = "ucx";
+  for (int i = 1; i + 1 < argc; ++i) {
+    if (std::strcmp(argv[i], "--transport") == 0) transport = argv[i + 1];
+  }
+  InitOptions init;
+  init.runtime.log_level = "error";
+  init.runtime.transport = transport;
+  init.resources["CPU"] = 16;  // the benchmark's processes share the machine's cores
+  auto session = troupe::init(init);
+  if (!session) return std::fprintf(stderr, "%s\n", session.error().message().c_str()), 1;
+  Session& s = **session;
+
+  // Weight sync: the main job's model (~0.4 MB), then ~1 GiB (64 MiB quick).
+  weight_sync(s, "main job model", model_config(2, 64, 4), quick ? 3 : 10);
+  if (quick) {
+    weight_sync(s, "64 MiB model", model_config(4, 576, 8), 3);
+  } else {
+    weight_sync(s, "1 GiB model", model_config(16, 1152, 16), 3);
+  }
+
+  rollout_throughput(s, model_config(2, 64, 4), quick ? 64 : 512);
+
+  // Sync vs async on the same disaggregated job.
+  std::string base = read_file(TROUPE_EXAMPLES_DIR "/rl/arithmetic_grpo_async.toml");
+  auto set = [](std::string text, const std::string& key, const std::string& value) {
+    const size_t at = text.find("\n" + key + " = ");
+    const size_t end = text.find('\n', at + 1);
+    return text.substr(0, at + 1) + key + " = " + value + text.substr(end);
+  };
+  if (quick) {
+    base = set(base, "steps", "10");
+    base = set(set(base, "examples", "2000"), "eval_every", "10");
+    base = base.replace(base.find("\nsteps = 2000"), 13, "\nsteps = 200");
+  }
+  const std::string sync_text = set(set(base, "mode", "\"sync\""), "max_staleness", "0");
+  JobNumbers sync = run_job(s, sync_text);
+  JobNumbers async = run_job(s, base);
+  for (const auto& [name, n] : {std::pair<std::string, const JobNumbers&>{"sync", sync}, {"async", async}}) {
+    const double steps = static_cast<double>(n.steps);
+    emit("rl_job", name + " mean step time", n.rl_s / steps, "s", "-", 0, "report");
+    emit("rl_job", name + " step split generation", n.gen / steps, "s", "-", 0, "report");
+    emit("rl_job", name + " step split reward", n.reward / steps, "s", "-", 0, "report");
+    emit("rl_job", name + " step split train", n.train / steps, "s", "-", 0, "report");
+    emit("rl_job", name + " step split sync", n.sync / steps, "s", "-", 0, "report");
+    emit("rl_job", name + " step split wait", n.wait / steps, "s", "-", 0, "report");
+    emit("rl_job", name + " held-out accuracy gained per minute of RL", 60 * (n.final_acc - n.first_acc) / n.rl_s,
+         "points/min", "-", 0, "report");
+  }
+  emit("rl_job", "async speed-up (RL wall time, same steps)", sync.rl_s / async.rl_s, "x", "sync", 1.0,
+       "report (AReaL: 2.77x at scale)");
+  return 0;
+}
