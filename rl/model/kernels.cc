@@ -656,6 +656,68 @@ void crossentropy_softmax_backward(F* dlogits, const F* dlosses, const F* probs,
   });
 }
 
+// H = lse - sum p z with lse = max z - log p(max z) (that probability is
+// 1 / the softmax's sum): H = -log p_max - sum p (z - z_max), two terms that
+// are never negative, so nothing cancels; and no log of a probability that
+// may have underflowed to 0.
+template <typename F>
+void entropy_forward(F* entropy, F* mean_logit, const F* probs, const F* logits, size_t N, size_t V) {
+  using Vv = Vec<F>;
+  const F lowest = -std::numeric_limits<F>::infinity();
+  parallel_for(N, row_grain(V), [&](size_t n0, size_t n1) TROUPE_SIMD_CLONES {
+    for (size_t n = n0; n < n1; ++n) {
+      const F* p = probs + n * V;
+      const F* z = logits + n * V;
+      Vv zmax = Vv{} + lowest, pmax = Vv{}, pv, zv;
+      for (size_t v = 0; v < V; v += kLanes<F>) {
+        const size_t k = lanes_left<F>(v, V);
+        load(zv, z + v, k, lowest);
+        load(pv, p + v, k);
+        zmax = zv > zmax ? zv : zmax;
+        pmax = pv > pmax ? pv : pmax;
+      }
+      const F zm = hmax(zmax), pm = hmax(pmax);
+      Vv acc = Vv{};
+      for (size_t v = 0; v < V; v += kLanes<F>) {
+        const size_t k = lanes_left<F>(v, V);
+        load(pv, p + v, k);
+        load(zv, z + v, k, zm);
+        acc += pv * (zv - zm);
+      }
+      const F centred = hsum(acc);  // sum p (z - z_max), at most 0
+      entropy[n] = -std::log(pm) - centred;
+      mean_logit[n] = zm + centred;
+    }
+  });
+}
+
+template <typename F>
+void entropy_softmax_backward(F* dlogits, const F* dentropy, const F* probs, const F* logits, const F* mean_logit,
+                              size_t N, size_t V, Grad mode) {
+  using Vv = Vec<F>;
+  parallel_for(N, row_grain(V), [&](size_t n0, size_t n1) TROUPE_SIMD_CLONES {
+    for (size_t n = n0; n < n1; ++n) {
+      const F* p = probs + n * V;
+      const F* z = logits + n * V;
+      F* dl = dlogits + n * V;
+      const F w = dentropy[n], m = mean_logit[n];
+      for (size_t v = 0; v < V; v += kLanes<F>) {
+        const size_t k = lanes_left<F>(v, V);
+        Vv pv, zv, g;
+        load(pv, p + v, k);
+        load(zv, z + v, k);
+        if (mode == Grad::add) {
+          load(g, dl + v, k);
+        } else {
+          g = Vv{};
+        }
+        g -= w * pv * (zv - m);
+        store(dl + v, g, k);
+      }
+    }
+  });
+}
+
 // The model runs in float; the tests check gradients in double.
 #define TROUPE_RL_KERNELS(F)                                                                                           \
   template void encoder_forward<F>(F*, const int32_t*, const F*, const F*, size_t, size_t, size_t);                    \
@@ -673,7 +735,9 @@ void crossentropy_softmax_backward(F* dlogits, const F* dlosses, const F* probs,
   template void residual_backward<F>(F*, F*, const F*, size_t);                                                        \
   template void softmax_forward<F>(F*, const F*, size_t, size_t);                                                      \
   template void crossentropy_forward<F>(F*, const F*, const int32_t*, size_t, size_t);                                 \
-  template void crossentropy_softmax_backward<F>(F*, const F*, const F*, const int32_t*, size_t, size_t, Grad);
+  template void crossentropy_softmax_backward<F>(F*, const F*, const F*, const int32_t*, size_t, size_t, Grad);        \
+  template void entropy_forward<F>(F*, F*, const F*, const F*, size_t, size_t);                                        \
+  template void entropy_softmax_backward<F>(F*, const F*, const F*, const F*, const F*, size_t, size_t, Grad);
 TROUPE_RL_KERNELS(float)
 TROUPE_RL_KERNELS(double)
 #undef TROUPE_RL_KERNELS
