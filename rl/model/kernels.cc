@@ -121,6 +121,16 @@ template <typename F>
     for (size_t i = 0; i < n; ++i) p[i] = v[i];
   }
 }
+// g = p[0..n) to add a gradient to (Grad::add), or zeros to write it
+// (Grad::write: whatever p holds is not read).
+template <typename F>
+[[gnu::always_inline]] inline void load_grad(Vec<F>& g, const F* p, size_t n, Grad mode) {
+  if (mode == Grad::add) {
+    load(g, p, n);
+  } else {
+    g = Vec<F>{};
+  }
+}
 template <typename V>
 [[gnu::always_inline]] inline auto hsum(const V& v) {
   auto s = v[0];
@@ -314,11 +324,7 @@ void layernorm_backward(F* dinp, F* dweight, F* dbias, const F* dout, const F* i
         load(xv, x + i, k);
         load(dv, d + i, k);
         load(w, weight + i, k);
-        if (mode == Grad::add) {
-          load(g, dx + i, k);
-        } else {
-          g = V{};
-        }
+        load_grad(g, dx + i, k, mode);
         const V norm = (xv - m) * s;
         g += (w * dv - dnorm_mean - norm * dnorm_norm_mean) * s;
         store(dx + i, g, k);
@@ -569,11 +575,7 @@ void gelu_backward(F* dinp, const F* inp, const F* dout, size_t n, Grad mode) {
       V x, d, g, e;
       load(x, inp + i, k);
       load(d, dout + i, k);
-      if (mode == Grad::add) {
-        load(g, dinp + i, k);
-      } else {
-        g = V{};
-      }
+      load_grad(g, dinp + i, k, mode);
       e = F(-2) * s * (x + c * x * x * x);
       exp_lanes(e);
       // gelu = x sig(2u): gelu' = sig + x sig (1 - sig) 2u'.
@@ -643,11 +645,7 @@ void crossentropy_softmax_backward(F* dlogits, const F* dlosses, const F* probs,
         const size_t k = lanes_left<F>(v, V);
         Vv pv, g;
         load(pv, p + v, k);
-        if (mode == Grad::add) {
-          load(g, dl + v, k);
-        } else {
-          g = Vv{};
-        }
+        load_grad(g, dl + v, k, mode);
         g += pv * w;
         store(dl + v, g, k);
       }
@@ -706,11 +704,7 @@ void entropy_softmax_backward(F* dlogits, const F* dentropy, const F* probs, con
         Vv pv, zv, g;
         load(pv, p + v, k);
         load(zv, z + v, k);
-        if (mode == Grad::add) {
-          load(g, dl + v, k);
-        } else {
-          g = Vv{};
-        }
+        load_grad(g, dl + v, k, mode);
         g -= w * pv * (zv - m);
         store(dl + v, g, k);
       }

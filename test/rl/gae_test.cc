@@ -88,28 +88,24 @@ TEST_CASE("gae: advantages and returns match the definition over completions of 
 TEST_CASE("gae: lambda 1 is the Monte Carlo return minus the value, lambda 0 the TD error", "[rl][gae]") {
   Rollout r = random_rollout(2);
   const double gamma = 0.8;
-  std::vector<double> adv(r.B * r.T), ret(r.B * r.T);
+  std::vector<double> adv1(r.B * r.T), ret1(r.B * r.T), adv0(r.B * r.T), ret0(r.B * r.T);
   REQUIRE(gae(r.rewards.data(), r.values.data(), r.mask.data(), r.B, r.T, GaeConfig{.gamma = gamma, .lambda = 1.0},
-              adv.data(), ret.data())
+              adv1.data(), ret1.data())
+              .ok());
+  REQUIRE(gae(r.rewards.data(), r.values.data(), r.mask.data(), r.B, r.T, GaeConfig{.gamma = gamma, .lambda = 0.0},
+              adv0.data(), ret0.data())
               .ok());
   for (size_t b = 0; b < r.B; ++b) {
     const std::vector<size_t> s = steps_of(r, b);
     for (size_t t = 0; t < s.size(); ++t) {
       double monte_carlo = 0;
-      for (size_t k = t; k < s.size(); ++k)
+      for (size_t k = t; k < s.size(); ++k) {
         monte_carlo += std::pow(gamma, static_cast<double>(k - t)) * r.rewards[s[k]];
-      CHECK(adv[s[t]] == Approx(monte_carlo - r.values[s[t]]).margin(1e-12));
-      CHECK(ret[s[t]] == Approx(monte_carlo).margin(1e-12));  // the value cancels out of the return
-    }
-  }
-  REQUIRE(gae(r.rewards.data(), r.values.data(), r.mask.data(), r.B, r.T, GaeConfig{.gamma = gamma, .lambda = 0.0},
-              adv.data(), ret.data())
-              .ok());
-  for (size_t b = 0; b < r.B; ++b) {
-    const std::vector<size_t> s = steps_of(r, b);
-    for (size_t t = 0; t < s.size(); ++t) {
+      }
+      CHECK(adv1[s[t]] == Approx(monte_carlo - r.values[s[t]]).margin(1e-12));
+      CHECK(ret1[s[t]] == Approx(monte_carlo).margin(1e-12));  // the value cancels out of the return
       const double next_value = t + 1 < s.size() ? r.values[s[t + 1]] : 0.0;
-      CHECK(adv[s[t]] == Approx(r.rewards[s[t]] + gamma * next_value - r.values[s[t]]).margin(1e-12));
+      CHECK(adv0[s[t]] == Approx(r.rewards[s[t]] + gamma * next_value - r.values[s[t]]).margin(1e-12));
     }
   }
 }

@@ -1,7 +1,9 @@
 // The RL losses: their gradients match finite differences (alone, and
 // through the whole model in double), PPO's clipping zeroes exactly the
 // gradients it should, the KL estimators have their values, the
-// aggregations weigh tokens as documented, bad settings are refused.
+// aggregations weigh tokens as documented, bad settings are refused. Then
+// PPO's additions: the entropy bonus and the clipped value loss against
+// written-out references and finite differences.
 #include <cmath>
 #include <random>
 #include <vector>
@@ -14,6 +16,9 @@
 using namespace troupe::rl::model;
 
 namespace {
+
+// B = 3 rows of T = 5: prompts of different lengths masked out, and a padded tail.
+const std::vector<double> kMask = {0, 1, 1, 1, 1, 0, 0, 1, 1, 0, 0, 0, 0, 1, 1};
 
 struct Batch {
   size_t B = 3, T = 5;
@@ -38,8 +43,29 @@ Batch random_batch(uint64_t seed) {
   for (size_t s = 0; s < b.B; ++s) per_seq.push_back(adv(rng));
   b.adv.resize(n);
   broadcast_advantages(b.adv.data(), per_seq.data(), b.B, b.T);
-  // Prompts of different lengths masked out, and a padded tail.
-  b.mask = {0, 1, 1, 1, 1, 0, 0, 1, 1, 0, 0, 0, 0, 1, 1};
+  b.mask = kMask;
+  return b;
+}
+
+struct ValueBatch {
+  size_t B = 3, T = 5;
+  std::vector<double> values, old_values, returns, mask;
+  ValueLossInputs<double> inputs() const {
+    return {.B = B, .T = T, .values = values.data(), .old_values = old_values.data(), .returns = returns.data(),
+            .mask = mask.data()};
+  }
+};
+
+ValueBatch random_value_batch(uint64_t seed) {
+  ValueBatch b;
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<double> v(-1.0, 1.0), shift(-0.5, 0.5), r(-2.0, 2.0);
+  for (size_t i = 0; i < b.B * b.T; ++i) {
+    b.values.push_back(v(rng));
+    b.old_values.push_back(b.values.back() + shift(rng));  // some past the clip of 0.2, some inside
+    b.returns.push_back(r(rng));
+  }
+  b.mask = kMask;
   return b;
 }
 
@@ -321,31 +347,6 @@ TEST_CASE("policy loss: an entropy bonus without the entropies or their gradient
              Catch::Contains("entropy_coef"));
 }
 
-namespace {
-
-struct ValueBatch {
-  size_t B = 3, T = 5;
-  std::vector<double> values, old_values, returns, mask;
-  ValueLossInputs<double> inputs() const {
-    return {.B = B, .T = T, .values = values.data(), .old_values = old_values.data(), .returns = returns.data(),
-            .mask = mask.data()};
-  }
-};
-
-ValueBatch random_value_batch(uint64_t seed) {
-  ValueBatch b;
-  std::mt19937_64 rng(seed);
-  std::uniform_real_distribution<double> v(-1.0, 1.0), shift(-0.5, 0.5), r(-2.0, 2.0);
-  for (size_t i = 0; i < b.B * b.T; ++i) {
-    b.values.push_back(v(rng));
-    b.old_values.push_back(b.values.back() + shift(rng));  // some past the clip of 0.2, some inside
-    b.returns.push_back(r(rng));
-  }
-  b.mask = {0, 1, 1, 1, 1, 0, 0, 1, 1, 0, 0, 0, 0, 1, 1};
-  return b;
-}
-
-}  // namespace
 
 TEST_CASE("value loss: PPO2's clipped loss has its values and its gradient matches finite differences",
           "[rl][losses][value_loss]") {
