@@ -4,7 +4,9 @@
 // OpenBLAS's sgemm GFLOP/s on the model's largest matrix product (the MLP's,
 // B*T x C x 4C) measured in the same run, with OpenBLAS's own threads on
 // every core: the roofline. The model runs on the compute threads
-// (rl/model/threads.h; --threads N, default every core).
+// (rl/model/threads.h; --threads N, default every core). Then PPO's step on
+// the same shape (a value head, the entropies, all three gradients through
+// one backward): its tokens/s against the plain step's, this run.
 #include <cblas.h>
 
 #include <chrono>
@@ -47,8 +49,11 @@ int main(int argc, char** argv) {
   GptConfig cfg{.vocab_size = 259, .context_length = 128, .layers = 4, .heads = 4, .channels = 256};
   const size_t B = 8, T = 128;
   auto model = Gpt<float>::make(cfg);
-  if (!model) {
-    std::fprintf(stderr, "model_bench: %s\n", model.error().to_string().c_str());
+  GptConfig ppo_cfg = cfg;
+  ppo_cfg.value_head = true;
+  auto ppo_model = Gpt<float>::make(ppo_cfg);
+  if (!model || !ppo_model) {
+    std::fprintf(stderr, "model_bench: %s\n", (model ? ppo_model : model).error().to_string().c_str());
     return 1;
   }
   model->init_random(1);
@@ -66,14 +71,19 @@ int main(int argc, char** argv) {
     model->backward(dlosses.data());
     opt.step(model->params(), model->grads());
   };
-  step();  // warm-up: activations sized, pages touched
-  std::vector<double> secs;
-  for (int i = 0; i < (quick ? 2 : 8); ++i) {
-    auto t0 = Clock::now();
-    step();
-    secs.push_back(seconds_since(t0));
-  }
-  double t = quantile(secs, 0.5);
+  // The median seconds of a step, after a warm-up one (activations sized,
+  // pages touched).
+  auto median_step = [&](auto&& one_step) {
+    one_step();
+    std::vector<double> secs;
+    for (int i = 0; i < (quick ? 2 : 8); ++i) {
+      auto t0 = Clock::now();
+      one_step();
+      secs.push_back(seconds_since(t0));
+    }
+    return quantile(secs, 0.5);
+  };
+  double t = median_step(step);
   const double C = static_cast<double>(cfg.channels), L = static_cast<double>(cfg.layers);
   // Matrix products: 6 flops per parameter per token (forward 2, backward 4),
   // embeddings counted once (their lookup is not a product; the tied output
@@ -89,6 +99,19 @@ int main(int argc, char** argv) {
   emit("rl.model_cpu_train", "tokens_per_s_" + shape, tokens_per_s, "tokens/s", "", 0, "report");
   emit("rl.model_cpu_train", "gflops_" + shape, gflops, "GFLOP/s", "OpenBLAS sgemm (B*T x C x 4C), this run", roof,
        "ratio >= 0.5");
+  ppo_model->init_random(1);
+  AdamW ppo_opt(ppo_model->layout(), AdamWConfig{});
+  std::vector<float> dvalues(B * T, 0.5f / static_cast<float>(B * T));
+  std::vector<float> dentropy(B * T, -0.01f / static_cast<float>(B * T));
+  auto ppo_step = [&] {
+    (void)ppo_model->forward(tokens.data(), targets.data(), B, T, {.entropy = true});
+    ppo_model->zero_grad();
+    ppo_model->backward(dlosses.data(), dvalues.data(), dentropy.data());
+    ppo_opt.step(ppo_model->params(), ppo_model->grads());
+  };
+  double ppo_tokens_per_s = static_cast<double>(B * T) / median_step(ppo_step);
+  emit("rl.model_cpu_train", "ppo_tokens_per_s_" + shape, ppo_tokens_per_s, "tokens/s",
+       "the plain training step, this run", tokens_per_s, "report");
   emit("rl.model_cpu_train", "compute_threads", static_cast<double>(compute_threads()), "threads", "", 0, "report");
   return 0;
 }

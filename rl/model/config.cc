@@ -57,6 +57,10 @@ Result<ParamLayout> ParamLayout::make(const GptConfig& config) {
   p.lnf_w_ = add("ln_f.weight", {C});
   p.lnf_b_ = add("ln_f.bias", {C});
   p.lm_head_ = config.tied_embeddings ? p.wte_ : add("lm_head.weight", {V, C});
+  p.policy_count_ = p.total_;
+  // Without a head its offsets are the buffer's end: nothing is there.
+  p.value_head_w_ = config.value_head ? add("value_head.weight", {C}) : p.total_;
+  p.value_head_b_ = config.value_head ? add("value_head.bias", {1}) : p.total_;
   return p;
 }
 

@@ -21,8 +21,15 @@
 //     h.l.mlp.proj.bias        (C)
 //   ln_f.weight / bias         (C)
 //   lm_head.weight             (V, C)     only when the embeddings are untied
+//   value_head.weight          (C)        only with a value head
+//   value_head.bias            (1)        only with a value head
 //
 // Weights are (out, in): a layer computes x W^T + b (matmul_forward).
+//
+// The value head (PPO's critic on the policy's trunk) comes last so that
+// every policy tensor keeps its offset: the first policy_count() elements
+// are a policy-only model's whole buffer (what rollout engines, which never
+// need values, are synced with, and what a policy checkpoint loads into).
 #pragma once
 
 #include <cstddef>
@@ -44,6 +51,9 @@ struct GptConfig {
   /// The output projection is the token embedding matrix (GPT-2); false
   /// gives the model its own lm_head.weight.
   bool tied_embeddings = true;
+  /// A value head on the final LayerNorm's output: one scalar per position,
+  /// `ln_f(x) . value_head.weight + value_head.bias` (Gpt::values()).
+  bool value_head = false;
 
   /// ok, or what is wrong (a zero size, channels not divisible by heads,
   /// sizes whose parameter count overflows).
@@ -87,12 +97,20 @@ class ParamLayout {
   size_t lnf_b() const { return lnf_b_; }
   /// The output projection: wte() when the embeddings are tied.
   size_t lm_head() const { return lm_head_; }
+  /// Elements before the value head: the policy's tensors (total() without
+  /// a value head).
+  size_t policy_count() const { return policy_count_; }
+  /// The value head's weight (C) and bias (1).
+  /// REQUIRES: config().value_head.
+  size_t value_head_w() const { return value_head_w_; }
+  size_t value_head_b() const { return value_head_b_; }
 
  private:
   GptConfig config_;
   std::vector<TensorSpec> tensors_;
   size_t total_ = 0;
-  size_t wte_ = 0, wpe_ = 0, lnf_w_ = 0, lnf_b_ = 0, lm_head_ = 0;
+  size_t wte_ = 0, wpe_ = 0, lnf_w_ = 0, lnf_b_ = 0, lm_head_ = 0, policy_count_ = 0;
+  size_t value_head_w_ = 0, value_head_b_ = 0;
   std::vector<LayerOffsets> layers_;
 };
 

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <random>
 #include <string>
 
@@ -9,6 +11,15 @@
 #include "model/threads.h"
 
 namespace troupe::rl::model {
+namespace {
+
+// A caller broke a REQUIRES of gpt.h: a bug, not an input to refuse.
+[[noreturn]] void broken_contract(const char* what) {
+  std::fprintf(stderr, "troupe: gpt: %s\n", what);
+  std::abort();
+}
+
+}  // namespace
 
 template <typename F>
 Result<Gpt<F>> Gpt<F>::make(const GptConfig& config) {
@@ -29,7 +40,12 @@ void Gpt<F>::init_random(uint64_t seed) {
     F* p = params_.data() + t.offset;
     bool is_bias = t.name.ends_with(".bias");
     bool is_norm = t.name.find("ln_") != std::string::npos;
-    if (is_norm && !is_bias) {
+    if (t.name.starts_with("value_head.")) {
+      // Values start at 0 whatever the trunk computes: the critic's first
+      // targets (the returns) are not yet known, and a random head would add
+      // noise to the first advantages.
+      std::fill(p, p + t.count, F(0));
+    } else if (is_norm && !is_bias) {
       std::fill(p, p + t.count, F(1));
     } else if (is_bias) {
       std::fill(p, p + t.count, F(0));
@@ -75,6 +91,9 @@ void Gpt<F>::size_for(size_t B, size_t T) {
   logits_.resize(BT * V);
   probs_.resize(BT * V);
   losses_.resize(BT);
+  if (c.value_head) values_.resize(BT);
+  entropy_.resize(BT);
+  mean_logit_.resize(BT);
   preatt_.resize(B * NH * T * T);
   dresidual_.resize(BT * C);
   dc_.resize(BT * C);
@@ -85,7 +104,7 @@ void Gpt<F>::size_for(size_t B, size_t T) {
 }
 
 template <typename F>
-Status Gpt<F>::forward(const int32_t* tokens, const int32_t* targets, size_t B, size_t T) {
+Status Gpt<F>::forward(const int32_t* tokens, const int32_t* targets, size_t B, size_t T, ForwardOptions options) {
   const GptConfig& c = config();
   if (B == 0 || T == 0 || T > c.context_length) {
     return Status(ErrorCode::invalid_argument, "model forward: batch " + std::to_string(B) + " x " +
@@ -103,6 +122,7 @@ Status Gpt<F>::forward(const int32_t* tokens, const int32_t* targets, size_t B, 
     }
   }
   size_for(B, T);
+  have_entropy_ = false;
   tokens_.assign(tokens, tokens + BT);
   targets_.assign(targets, targets + BT);
   const F* p = params_.data();
@@ -129,7 +149,27 @@ Status Gpt<F>::forward(const int32_t* tokens, const int32_t* targets, size_t B, 
   matmul_forward(logits_.data(), lnf_.data(), p + layout_.lm_head(), static_cast<const F*>(nullptr), BT, C, V);
   softmax_forward(probs_.data(), logits_.data(), BT, V);
   crossentropy_forward(losses_.data(), probs_.data(), targets, BT, V);
+  if (c.value_head) {
+    matmul_forward(values_.data(), lnf_.data(), p + layout_.value_head_w(), p + layout_.value_head_b(), BT, C,
+                   size_t{1});
+  }
+  if (options.entropy) {
+    entropy_forward(entropy_.data(), mean_logit_.data(), probs_.data(), logits_.data(), BT, V);
+    have_entropy_ = true;
+  }
   return {};
+}
+
+template <typename F>
+const F* Gpt<F>::values() const {
+  if (!config().value_head) broken_contract("values() of a model without a value head (GptConfig::value_head)");
+  return values_.data();
+}
+
+template <typename F>
+const F* Gpt<F>::entropies() const {
+  if (!have_entropy_) broken_contract("entropies() after a forward that did not ask for them (ForwardOptions)");
+  return entropy_.data();
 }
 
 template <typename F>
@@ -146,8 +186,14 @@ void Gpt<F>::zero_grad() {
 }
 
 template <typename F>
-void Gpt<F>::backward(const F* dlosses) {
+void Gpt<F>::backward(const F* dlosses, const F* dvalues, const F* dentropy) {
   const GptConfig& c = config();
+  if (dvalues != nullptr && !c.value_head) broken_contract("backward with dvalues on a model without a value head");
+  if (dentropy != nullptr && !have_entropy_) {
+    broken_contract("backward with dentropy after a forward that did not compute the entropies (ForwardOptions)");
+  }
+  const bool through_logits = dlosses != nullptr || dentropy != nullptr;
+  if (!through_logits && dvalues == nullptr) return;  // every term left out: the gradient adds nothing
   const size_t B = B_, T = T_, BT = B * T, C = c.channels, NH = c.heads, V = c.vocab_size;
   const F* p = params_.data();
   F* g = grads_.data();
@@ -156,9 +202,23 @@ void Gpt<F>::backward(const F* dlosses) {
   // serves every layer: each LayerNorm's backward adds its branch into it.
   // Every other gradient has one writer (Grad::write): nothing to zero.
   F* dres = dresidual_.data();
-  crossentropy_softmax_backward(dlogits_.data(), dlosses, probs_.data(), targets_.data(), BT, V, Grad::write);
-  matmul_backward(dc_.data(), g + layout_.lm_head(), static_cast<F*>(nullptr), dlogits_.data(), lnf_.data(),
-                  p + layout_.lm_head(), BT, C, V, Grad::write);
+  // The final LayerNorm's output feeds the logits and the value head: dc_
+  // gets the logits' gradient first (written), the head's added to it.
+  if (dlosses != nullptr) {
+    crossentropy_softmax_backward(dlogits_.data(), dlosses, probs_.data(), targets_.data(), BT, V, Grad::write);
+  }
+  if (dentropy != nullptr) {
+    entropy_softmax_backward(dlogits_.data(), dentropy, probs_.data(), logits_.data(), mean_logit_.data(), BT, V,
+                             dlosses != nullptr ? Grad::add : Grad::write);
+  }
+  if (through_logits) {
+    matmul_backward(dc_.data(), g + layout_.lm_head(), static_cast<F*>(nullptr), dlogits_.data(), lnf_.data(),
+                    p + layout_.lm_head(), BT, C, V, Grad::write);
+  }
+  if (dvalues != nullptr) {
+    matmul_backward(dc_.data(), g + layout_.value_head_w(), g + layout_.value_head_b(), dvalues, lnf_.data(),
+                    p + layout_.value_head_w(), BT, C, size_t{1}, through_logits ? Grad::add : Grad::write);
+  }
   layernorm_backward(dres, g + layout_.lnf_w(), g + layout_.lnf_b(), dc_.data(), acts_.back().residual3.data(),
                      p + layout_.lnf_w(), lnf_mean_.data(), lnf_rstd_.data(), BT, C, Grad::write);
   for (size_t l = c.layers; l-- > 0;) {

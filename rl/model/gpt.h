@@ -15,6 +15,16 @@
 // with a mask (1/count on answer tokens, 0 on the prompt) and, with the
 // policy-gradient loss's derivative, the RL update.
 //
+// PPO's extras, each computed only when asked for:
+//
+//   m.forward(tokens, targets, B, T, {.entropy = true});   // m.entropies(): H per position
+//   m.values();                            // with GptConfig::value_head: V(s) per position
+//   m.backward(dlosses, dvalues, dentropy);   // any of the three may be null
+//
+// The value head shares the trunk (OpenRLHF's and veRL's critic with a
+// shared body): its gradient and the token losses' meet at the final
+// LayerNorm and flow through the trunk together.
+//
 // Not thread-safe: one caller at a time. The kernels run on the compute
 // threads (threads.h: set_compute_threads).
 #pragma once
@@ -28,6 +38,16 @@
 
 namespace troupe::rl::model {
 
+/// What a forward computes beyond the per-position losses (and the values,
+/// which a model with a value head always computes: a C-wide product per
+/// position).
+struct ForwardOptions {
+  /// The entropy of each position's next-token distribution
+  /// (Gpt::entropies()), for PPO's entropy bonus: one more pass over the
+  /// (B*T, V) probabilities.
+  bool entropy = false;
+};
+
 /// A GPT over scalars F (float for the model, double for the tests'
 /// reference).
 template <typename F>
@@ -38,7 +58,8 @@ class Gpt {
 
   /// GPT-2's initialisation, reproducible from `seed`: weights normal with
   /// std 0.02 (the residual projections 0.02 / sqrt(2 layers)), LayerNorm
-  /// weights 1, biases 0.
+  /// weights 1, biases 0; the value head 0 (every value starts at 0, and
+  /// the policy's tensors get the numbers they get without a head).
   void init_random(uint64_t seed);
 
   const ParamLayout& layout() const { return layout_; }
@@ -50,23 +71,34 @@ class Gpt {
   const F* grads() const { return grads_.data(); }
 
   /// Runs the model on `tokens` (B,T) and, per position, the loss of
-  /// predicting `targets` (B,T) next: -log p(target). Keeps what the
-  /// backward needs. Errors: B or T zero, T past the context length, a
-  /// token or target outside the vocabulary.
-  Status forward(const int32_t* tokens, const int32_t* targets, size_t B, size_t T);
+  /// predicting `targets` (B,T) next: -log p(target); with a value head the
+  /// values, and what `options` asks for. Keeps what the backward needs.
+  /// Errors: B or T zero, T past the context length, a token or target
+  /// outside the vocabulary.
+  Status forward(const int32_t* tokens, const int32_t* targets, size_t B, size_t T, ForwardOptions options = {});
   /// The last forward's per-position losses (B*T) and next-token
   /// distributions (B*T, V).
   const F* losses() const { return losses_.data(); }
   const F* probs() const { return probs_.data(); }
+  /// The last forward's value per position (B*T): the value head on the
+  /// final LayerNorm's output. REQUIRES: config().value_head.
+  const F* values() const;
+  /// The last forward's entropy of each position's next-token distribution
+  /// (B*T), -sum_v p log p. REQUIRES: that forward had options.entropy.
+  const F* entropies() const;
   /// The mean of losses() over positions.
   F mean_loss() const;
 
   /// Sets grads() to zero.
   void zero_grad();
-  /// grads() += the gradient of sum_i dlosses[i] * losses()[i] (dlosses:
-  /// B*T of the last forward) with respect to the parameters.
-  /// REQUIRES: a forward before it, on the same inputs (the activations).
-  void backward(const F* dlosses);
+  /// grads() += the gradient with respect to the parameters of
+  ///   sum_i dlosses[i] * losses()[i] + dvalues[i] * values()[i]
+  ///                                  + dentropy[i] * entropies()[i]
+  /// (each B*T of the last forward; a null one is a term left out).
+  /// REQUIRES: a forward before it, on the same inputs (the activations);
+  /// dvalues only with a value head, dentropy only after a forward with
+  /// options.entropy (else it aborts: a caller's bug, not an input error).
+  void backward(const F* dlosses, const F* dvalues = nullptr, const F* dentropy = nullptr);
 
  private:
   explicit Gpt(ParamLayout layout);
@@ -84,6 +116,10 @@ class Gpt {
   size_t B_ = 0, T_ = 0;
   std::vector<int32_t> tokens_, targets_;
   std::vector<F> encoded_, lnf_, lnf_mean_, lnf_rstd_, logits_, probs_, losses_;
+  // values_ (B*T) with a value head; entropy_ and mean_logit_ (B*T, sum_v
+  // p z: the entropy's backward) when the last forward asked for them.
+  std::vector<F> values_, entropy_, mean_logit_;
+  bool have_entropy_ = false;
   std::vector<LayerActs> acts_;
   // Scratch, reused layer after layer: preatt_ (B,NH,T,T) the attention
   // scores (the backward needs only their softmax, then its gradient), and

@@ -121,6 +121,16 @@ template <typename F>
     for (size_t i = 0; i < n; ++i) p[i] = v[i];
   }
 }
+// g = p[0..n) to add a gradient to (Grad::add), or zeros to write it
+// (Grad::write: whatever p holds is not read).
+template <typename F>
+[[gnu::always_inline]] inline void load_grad(Vec<F>& g, const F* p, size_t n, Grad mode) {
+  if (mode == Grad::add) {
+    load(g, p, n);
+  } else {
+    g = Vec<F>{};
+  }
+}
 template <typename V>
 [[gnu::always_inline]] inline auto hsum(const V& v) {
   auto s = v[0];
@@ -314,11 +324,7 @@ void layernorm_backward(F* dinp, F* dweight, F* dbias, const F* dout, const F* i
         load(xv, x + i, k);
         load(dv, d + i, k);
         load(w, weight + i, k);
-        if (mode == Grad::add) {
-          load(g, dx + i, k);
-        } else {
-          g = V{};
-        }
+        load_grad(g, dx + i, k, mode);
         const V norm = (xv - m) * s;
         g += (w * dv - dnorm_mean - norm * dnorm_norm_mean) * s;
         store(dx + i, g, k);
@@ -569,11 +575,7 @@ void gelu_backward(F* dinp, const F* inp, const F* dout, size_t n, Grad mode) {
       V x, d, g, e;
       load(x, inp + i, k);
       load(d, dout + i, k);
-      if (mode == Grad::add) {
-        load(g, dinp + i, k);
-      } else {
-        g = V{};
-      }
+      load_grad(g, dinp + i, k, mode);
       e = F(-2) * s * (x + c * x * x * x);
       exp_lanes(e);
       // gelu = x sig(2u): gelu' = sig + x sig (1 - sig) 2u'.
@@ -643,15 +645,69 @@ void crossentropy_softmax_backward(F* dlogits, const F* dlosses, const F* probs,
         const size_t k = lanes_left<F>(v, V);
         Vv pv, g;
         load(pv, p + v, k);
-        if (mode == Grad::add) {
-          load(g, dl + v, k);
-        } else {
-          g = Vv{};
-        }
+        load_grad(g, dl + v, k, mode);
         g += pv * w;
         store(dl + v, g, k);
       }
       dl[static_cast<size_t>(targets[n])] -= w;
+    }
+  });
+}
+
+// H = lse - sum p z with lse = max z - log p(max z) (that probability is
+// 1 / the softmax's sum): H = -log p_max - sum p (z - z_max), two terms that
+// are never negative, so nothing cancels; and no log of a probability that
+// may have underflowed to 0.
+template <typename F>
+void entropy_forward(F* entropy, F* mean_logit, const F* probs, const F* logits, size_t N, size_t V) {
+  using Vv = Vec<F>;
+  const F lowest = -std::numeric_limits<F>::infinity();
+  parallel_for(N, row_grain(V), [&](size_t n0, size_t n1) TROUPE_SIMD_CLONES {
+    for (size_t n = n0; n < n1; ++n) {
+      const F* p = probs + n * V;
+      const F* z = logits + n * V;
+      Vv zmax = Vv{} + lowest, pmax = Vv{}, pv, zv;
+      for (size_t v = 0; v < V; v += kLanes<F>) {
+        const size_t k = lanes_left<F>(v, V);
+        load(zv, z + v, k, lowest);
+        load(pv, p + v, k);
+        zmax = zv > zmax ? zv : zmax;
+        pmax = pv > pmax ? pv : pmax;
+      }
+      const F zm = hmax(zmax), pm = hmax(pmax);
+      Vv acc = Vv{};
+      for (size_t v = 0; v < V; v += kLanes<F>) {
+        const size_t k = lanes_left<F>(v, V);
+        load(pv, p + v, k);
+        load(zv, z + v, k, zm);
+        acc += pv * (zv - zm);
+      }
+      const F centred = hsum(acc);  // sum p (z - z_max), at most 0
+      entropy[n] = -std::log(pm) - centred;
+      mean_logit[n] = zm + centred;
+    }
+  });
+}
+
+template <typename F>
+void entropy_softmax_backward(F* dlogits, const F* dentropy, const F* probs, const F* logits, const F* mean_logit,
+                              size_t N, size_t V, Grad mode) {
+  using Vv = Vec<F>;
+  parallel_for(N, row_grain(V), [&](size_t n0, size_t n1) TROUPE_SIMD_CLONES {
+    for (size_t n = n0; n < n1; ++n) {
+      const F* p = probs + n * V;
+      const F* z = logits + n * V;
+      F* dl = dlogits + n * V;
+      const F w = dentropy[n], m = mean_logit[n];
+      for (size_t v = 0; v < V; v += kLanes<F>) {
+        const size_t k = lanes_left<F>(v, V);
+        Vv pv, zv, g;
+        load(pv, p + v, k);
+        load(zv, z + v, k);
+        load_grad(g, dl + v, k, mode);
+        g -= w * pv * (zv - m);
+        store(dl + v, g, k);
+      }
     }
   });
 }
@@ -673,7 +729,9 @@ void crossentropy_softmax_backward(F* dlogits, const F* dlosses, const F* probs,
   template void residual_backward<F>(F*, F*, const F*, size_t);                                                        \
   template void softmax_forward<F>(F*, const F*, size_t, size_t);                                                      \
   template void crossentropy_forward<F>(F*, const F*, const int32_t*, size_t, size_t);                                 \
-  template void crossentropy_softmax_backward<F>(F*, const F*, const F*, const int32_t*, size_t, size_t, Grad);
+  template void crossentropy_softmax_backward<F>(F*, const F*, const F*, const int32_t*, size_t, size_t, Grad);        \
+  template void entropy_forward<F>(F*, F*, const F*, const F*, size_t, size_t);                                        \
+  template void entropy_softmax_backward<F>(F*, const F*, const F*, const F*, const F*, size_t, size_t, Grad);
 TROUPE_RL_KERNELS(float)
 TROUPE_RL_KERNELS(double)
 #undef TROUPE_RL_KERNELS

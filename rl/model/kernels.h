@@ -101,4 +101,17 @@ template <typename F>
 void crossentropy_softmax_backward(F* dlogits, const F* dlosses, const F* probs, const int32_t* targets, size_t N,
                                    size_t V, Grad mode = Grad::add);
 
+/// The entropy of each of N rows' distribution, entropy[i] = -sum_v p log p
+/// (N), from probs (N,V) = softmax(logits (N,V)); mean_logit[i] = sum_v p z
+/// (N) is kept for the backward. Taken from the logits, never log p, so a
+/// probability that underflowed to 0 costs nothing and gives no NaN.
+template <typename F>
+void entropy_forward(F* entropy, F* mean_logit, const F* probs, const F* logits, size_t N, size_t V);
+/// dlogits (N,V) += (or = by `mode`) the gradient of sum_i dentropy[i] *
+/// entropy[i] through the softmax: dH/dz = -p (log p + H) = -p (z -
+/// mean_logit), scaled by dentropy[i] per row.
+template <typename F>
+void entropy_softmax_backward(F* dlogits, const F* dentropy, const F* probs, const F* logits, const F* mean_logit,
+                              size_t N, size_t V, Grad mode = Grad::add);
+
 }  // namespace troupe::rl::model

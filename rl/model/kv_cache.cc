@@ -38,7 +38,11 @@ void KvCache::size_scratch(size_t n) {
 }
 
 Status KvCache::append(const Gpt<float>& model, std::span<const DecodeRow> rows, float* logits) {
-  if (!(model.config() == config_)) {
+  // The value head reads nothing from the cache: a policy's cache serves
+  // the same policy with a head.
+  GptConfig shape = model.config();
+  shape.value_head = config_.value_head;
+  if (!(shape == config_)) {
     return Status(ErrorCode::invalid_argument,
                   "kv cache: the model's shape differs from the one this cache was made for; make a cache from the "
                   "model's config");

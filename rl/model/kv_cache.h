@@ -54,8 +54,9 @@ class KvCache {
 
   /// Runs `model` on `rows` (in order; a slot may appear in several rows,
   /// which then take consecutive positions) and writes each row's
-  /// next-token logits to `logits` (rows.size() x vocab_size). Errors,
-  /// before anything is cached: a model of another shape, a slot out of
+  /// next-token logits to `logits` (rows.size() x vocab_size); a value
+  /// head is not run. Errors, before anything is cached: a model of
+  /// another shape (with or without a value head is the same), a slot out of
   /// range, a token outside the vocabulary, a slot that would pass the
   /// context length.
   Status append(const Gpt<float>& model, std::span<const DecodeRow> rows, float* logits);

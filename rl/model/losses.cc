@@ -29,6 +29,17 @@ Status PolicyLossConfig::validate() const {
     return bad("clip_high " + std::to_string(clip_high) + " must be 0 or more");
   }
   if (!(kl_coef >= 0.0) || !std::isfinite(kl_coef)) return bad("kl_coef " + std::to_string(kl_coef) + " must be 0 or more");
+  if (!(entropy_coef >= 0.0) || !std::isfinite(entropy_coef)) {
+    return bad("entropy_coef " + std::to_string(entropy_coef) + " must be 0 or more");
+  }
+  return {};
+}
+
+Status ValueLossConfig::validate() const {
+  if (!(value_clip >= 0.0) || !std::isfinite(value_clip)) {
+    return Status(ErrorCode::invalid_argument,
+                  "value loss: value_clip " + std::to_string(value_clip) + " must be 0 (unclipped) or more");
+  }
   return {};
 }
 
@@ -72,7 +83,7 @@ void aggregation_weights(std::vector<double>& w, const F* mask, size_t B, size_t
 
 template <typename F>
 Result<PolicyLossStats> policy_gradient_loss(const PolicyLossInputs<F>& in, const PolicyLossConfig& config,
-                                             F* dlogprobs) {
+                                             F* dlogprobs, F* dentropy) {
   if (Status s = config.validate(); !s.ok()) return error(s);
   if (in.logprobs == nullptr || in.old_logprobs == nullptr || in.advantages == nullptr || in.mask == nullptr ||
       dlogprobs == nullptr) {
@@ -83,14 +94,25 @@ Result<PolicyLossStats> policy_gradient_loss(const PolicyLossInputs<F>& in, cons
     return error(ErrorCode::invalid_argument,
                  "policy loss: kl_coef > 0 needs the reference policy's logprobs (ref_logprobs)");
   }
+  if (config.entropy_coef > 0 && (in.entropies == nullptr || dentropy == nullptr)) {
+    return error(ErrorCode::invalid_argument,
+                 "policy loss: entropy_coef > 0 needs the entropies (Gpt::entropies()) and a dentropy buffer");
+  }
   const size_t n = in.B * in.T;
   std::vector<double> w;
   aggregation_weights(w, in.mask, in.B, in.T, config.aggregation);
   PolicyLossStats st;
-  double clipped = 0, ratio_sum = 0;
+  double clipped = 0, ratio_sum = 0, entropy_sum = 0, entropy_term = 0;
   for (size_t i = 0; i < n; ++i) {
     dlogprobs[i] = F(0);
+    if (dentropy != nullptr) dentropy[i] = F(0);
     if (in.mask[i] == F(0)) continue;
+    if (in.entropies != nullptr) {
+      const double H = static_cast<double>(in.entropies[i]);
+      entropy_sum += H;
+      entropy_term += w[i] * H;
+      if (dentropy != nullptr) dentropy[i] = static_cast<F>(-config.entropy_coef * w[i]);
+    }
     const double lp = static_cast<double>(in.logprobs[i]);
     const double A = static_cast<double>(in.advantages[i]);
     const double r = std::exp(lp - static_cast<double>(in.old_logprobs[i]));
@@ -124,11 +146,72 @@ Result<PolicyLossStats> policy_gradient_loss(const PolicyLossInputs<F>& in, cons
     ratio_sum += r;
     dlogprobs[i] = static_cast<F>(w[i] * (dpg + config.kl_coef * dkl));
   }
-  st.loss = st.policy_loss + config.kl_coef * st.kl;
+  st.loss = st.policy_loss + config.kl_coef * st.kl - config.entropy_coef * entropy_term;
   if (st.tokens > 0) {
     st.clip_fraction = clipped / st.tokens;
     st.ratio_mean = ratio_sum / st.tokens;
+    st.entropy = entropy_sum / st.tokens;
   }
+  return st;
+}
+
+template <typename F>
+Result<ValueLossStats> value_loss(const ValueLossInputs<F>& in, const ValueLossConfig& config, F* dvalues) {
+  if (Status s = config.validate(); !s.ok()) return error(s);
+  if (in.values == nullptr || in.returns == nullptr || in.mask == nullptr || dvalues == nullptr ||
+      (config.value_clip > 0 && in.old_values == nullptr)) {
+    return error(ErrorCode::invalid_argument,
+                 "value loss: values, returns, mask and the gradient buffer are required, and old_values with "
+                 "value_clip > 0");
+  }
+  const size_t n = in.B * in.T;
+  std::vector<double> w;
+  aggregation_weights(w, in.mask, in.B, in.T, config.aggregation);
+  ValueLossStats st;
+  double clipped = 0, value_sum = 0, return_sum = 0;
+  for (size_t i = 0; i < n; ++i) {
+    dvalues[i] = F(0);
+    if (in.mask[i] == F(0)) continue;
+    const double v = static_cast<double>(in.values[i]), R = static_cast<double>(in.returns[i]);
+    double err = v - R, grad = v - R;
+    if (config.value_clip > 0) {
+      const double old = static_cast<double>(in.old_values[i]);
+      const double clipped_err = std::clamp(v, old - config.value_clip, old + config.value_clip) - R;
+      // max(): where the clipped error is the larger, v sits outside the
+      // clip range (inside it the two are equal) and the loss holds still.
+      if (clipped_err * clipped_err > err * err) {
+        err = clipped_err;
+        grad = 0;
+        clipped += 1;
+      }
+    }
+    st.loss += w[i] * 0.5 * err * err;
+    dvalues[i] = static_cast<F>(w[i] * grad);
+    st.tokens += 1;
+    value_sum += v;
+    return_sum += R;
+  }
+  if (st.tokens == 0) return st;
+  st.clip_fraction = clipped / st.tokens;
+  st.value_mean = value_sum / st.tokens;
+  // Explained variance, over the counted tokens: how much of the returns'
+  // spread the critic accounts for (1 perfect, 0 no better than their
+  // mean, negative worse).
+  const double return_mean = return_sum / st.tokens;
+  double residual_mean = 0;
+  for (size_t i = 0; i < n; ++i) {
+    if (in.mask[i] != F(0)) residual_mean += static_cast<double>(in.returns[i]) - static_cast<double>(in.values[i]);
+  }
+  residual_mean /= st.tokens;
+  double var_returns = 0, var_residual = 0;
+  for (size_t i = 0; i < n; ++i) {
+    if (in.mask[i] == F(0)) continue;
+    const double R = static_cast<double>(in.returns[i]);
+    const double residual = R - static_cast<double>(in.values[i]);
+    var_returns += (R - return_mean) * (R - return_mean);
+    var_residual += (residual - residual_mean) * (residual - residual_mean);
+  }
+  if (var_returns > 0) st.explained_variance = 1.0 - var_residual / var_returns;
   return st;
 }
 
@@ -157,7 +240,8 @@ void to_model_dlosses(F* dlosses, const F* dlogprobs, size_t n) {
 
 #define TROUPE_RL_LOSSES(F)                                                                                   \
   template Result<PolicyLossStats> policy_gradient_loss<F>(const PolicyLossInputs<F>&, const PolicyLossConfig&, \
-                                                           F*);                                                \
+                                                           F*, F*);                                            \
+  template Result<ValueLossStats> value_loss<F>(const ValueLossInputs<F>&, const ValueLossConfig&, F*);        \
   template F masked_nll_loss<F>(const F*, const F*, size_t, F*);                                              \
   template void broadcast_advantages<F>(F*, const F*, size_t, size_t);                                        \
   template void to_model_dlosses<F>(F*, const F*, size_t);

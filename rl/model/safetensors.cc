@@ -380,6 +380,7 @@ SafetensorsMetadata config_metadata(const GptConfig& c) {
       {"troupe.heads", std::to_string(c.heads)},
       {"troupe.channels", std::to_string(c.channels)},
       {"troupe.tied_embeddings", c.tied_embeddings ? "true" : "false"},
+      {"troupe.value_head", c.value_head ? "true" : "false"},
   };
 }
 
@@ -415,12 +416,17 @@ Result<GptConfig> config_from_metadata(const SafetensorsMetadata& meta, std::str
   number("troupe.layers", c.layers);
   number("troupe.heads", c.heads);
   number("troupe.channels", c.channels);
-  auto tied = meta.find("troupe.tied_embeddings");
-  if (tied == meta.end() || (tied->second != "true" && tied->second != "false")) {
-    if (missing.empty()) missing = "troupe.tied_embeddings";
-  } else {
-    c.tied_embeddings = tied->second == "true";
-  }
+  auto flag = [&](const char* key, bool& out) {
+    auto it = meta.find(key);
+    if (it == meta.end() || (it->second != "true" && it->second != "false")) {
+      if (missing.empty()) missing = key;
+    } else {
+      out = it->second == "true";
+    }
+  };
+  flag("troupe.tied_embeddings", c.tied_embeddings);
+  // Checkpoints written before the value head existed have no key: none.
+  if (meta.contains("troupe.value_head")) flag("troupe.value_head", c.value_head);
   if (!missing.empty()) return error(bad_file(source, missing + " is missing or not a number (or true/false)"));
   if (Status s = c.validate(); !s.ok()) return error(bad_file(source, "the recorded " + s.message()));
   return c;
@@ -510,10 +516,14 @@ Result<std::vector<const SafetensorsTensor*>> check_model(const SafetensorsFile&
     compare("layers", recorded->layers, want.layers);
     compare("heads", recorded->heads, want.heads);
     compare("channels", recorded->channels, want.channels);
-    if (recorded->tied_embeddings != want.tied_embeddings) {
-      diff += std::string(diff.empty() ? "" : ", ") + "embeddings " + (recorded->tied_embeddings ? "tied" : "untied") +
-              " in the file, " + (want.tied_embeddings ? "tied" : "untied") + " in the model";
-    }
+    auto compare_flag = [&](bool got, bool wanted, const char* on, const char* off) {
+      if (got != wanted) {
+        diff += std::string(diff.empty() ? "" : ", ") + (got ? on : off) + " in the file, " + (wanted ? on : off) +
+                " in the model";
+      }
+    };
+    compare_flag(recorded->tied_embeddings, want.tied_embeddings, "embeddings tied", "embeddings untied");
+    compare_flag(recorded->value_head, want.value_head, "a value head", "no value head");
     if (!diff.empty()) {
       return error(ErrorCode::invalid_argument, context + ": the checkpoint's model config differs: " + diff);
     }

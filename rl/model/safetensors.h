@@ -134,6 +134,10 @@ Result<GptConfig> read_model_config(const std::filesystem::path& path);
 /// to `params` unless all of that holds. Errors: as read_safetensors;
 /// invalid_argument naming the tensor or setting that does not fit, e.g.
 /// "tensor h.1.mlp.fc.weight has shape [512, 128], the model wants [1024, 256]".
+/// A policy checkpoint (no value head) starts a model with one: load it
+/// with the policy-only layout (the config with value_head false) into the
+/// same buffer, whose first policy_count() elements it fills, and keep the
+/// head's zeros.
 Status load_model(const std::filesystem::path& path, const ParamLayout& layout, float* params);
 
 /// Writes a training state to `path`: the parameters as save_model does in

@@ -308,6 +308,12 @@ TEST_CASE("gpu model: bad configs, devices and inputs are refused", "[gpu][rl]")
   auto refused = GptCuda::make(bad);
   REQUIRE_FALSE(refused.has_value());
   CHECK(refused.error().code() == troupe::ErrorCode::invalid_argument);
+  GptConfig with_value_head = small(true);
+  with_value_head.value_head = true;  // CPU-only
+  auto no_head = GptCuda::make(with_value_head);
+  REQUIRE_FALSE(no_head.has_value());
+  CHECK(no_head.error().code() == troupe::ErrorCode::unsupported);
+  CHECK_THAT(no_head.error().message(), Catch::Contains("value head"));
   auto no_device = GptCuda::make(small(true), {.device = 1 << 20});
   REQUIRE_FALSE(no_device.has_value());
   CHECK(no_device.error().code() == troupe::ErrorCode::unsupported);

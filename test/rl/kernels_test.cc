@@ -216,6 +216,65 @@ TEST_CASE("model kernels: softmax cross-entropy's gradient matches finite differ
   CHECK(l[0] == Approx(-(1.0 - std::log(std::exp(1.0) + (V - 1)))).epsilon(1e-5));
 }
 
+TEST_CASE("model kernels: the entropy is -sum p log p, its gradient matches finite differences, float agrees",
+          "[rl][model][entropy]") {
+  const size_t N = B * T;
+  auto logits = random_vector(N * V, 60, 3.0), dentropy = random_vector(N, 61);
+  std::vector<double> probs(N * V), entropy(N), mean_logit(N);
+  auto loss = [&] {
+    softmax_forward(probs.data(), logits.data(), N, V);
+    entropy_forward(entropy.data(), mean_logit.data(), probs.data(), logits.data(), N, V);
+    return dot(entropy, dentropy);
+  };
+  loss();
+  for (size_t n = 0; n < N; ++n) {
+    double h = 0, m = 0;
+    for (size_t v = 0; v < V; ++v) {
+      const double p = probs[n * V + v];
+      h -= p * std::log(p);
+      m += p * logits[n * V + v];
+    }
+    CHECK(entropy[n] == Approx(h).epsilon(1e-12));
+    CHECK(mean_logit[n] == Approx(m).epsilon(1e-12));
+  }
+  // The gradient adds into what dlogits holds.
+  std::vector<double> dlogits(logits.size(), 0.25);
+  entropy_softmax_backward(dlogits.data(), dentropy.data(), probs.data(), logits.data(), mean_logit.data(), N, V);
+  for (auto& x : dlogits) x -= 0.25;
+  CHECK(max_rel_diff(dlogits, numeric_grad(logits, loss)) < 1e-6);
+  loss();
+  std::vector<double> added(logits.size(), 0.0), written(logits.size(), 5.0);
+  entropy_softmax_backward(added.data(), dentropy.data(), probs.data(), logits.data(), mean_logit.data(), N, V);
+  entropy_softmax_backward(written.data(), dentropy.data(), probs.data(), logits.data(), mean_logit.data(), N, V,
+                           Grad::write);
+  CHECK(max_rel_diff(written, added) == 0.0);
+
+  auto flogits = to_float(logits), fdentropy = to_float(dentropy);
+  std::vector<float> fprobs(probs.size()), fentropy(N), fmean(N), fdlogits(logits.size());
+  softmax_forward(fprobs.data(), flogits.data(), N, V);
+  entropy_forward(fentropy.data(), fmean.data(), fprobs.data(), flogits.data(), N, V);
+  entropy_softmax_backward(fdlogits.data(), fdentropy.data(), fprobs.data(), flogits.data(), fmean.data(), N, V);
+  CHECK(max_rel_diff(fentropy, entropy) < 1e-5);
+  CHECK(max_rel_diff(fdlogits, dlogits) < 1e-5);
+
+  // Uniform: log V.
+  std::vector<float> flat(V, 7.0f), p(V);
+  float h = 0, m = 0;
+  softmax_forward(p.data(), flat.data(), 1, V);
+  entropy_forward(&h, &m, p.data(), flat.data(), 1, V);
+  CHECK(h == Approx(std::log(static_cast<double>(V))).epsilon(1e-6));
+  // One logit far above the rest: probabilities that underflow to 0 (where
+  // -p log p would be 0 * -inf) give an entropy of 0, not NaN.
+  std::vector<double> peaked(V, -1000.0), dp(V);
+  peaked[4] = 1000.0;
+  double dh = 1, dm = 0;
+  softmax_forward(dp.data(), peaked.data(), 1, V);
+  entropy_forward(&dh, &dm, dp.data(), peaked.data(), 1, V);
+  CHECK(dp[0] == 0.0);
+  CHECK(dh == 0.0);
+  CHECK(dm == 1000.0);
+}
+
 TEST_CASE("model kernels: attention over several blocks of positions matches finite differences and float",
           "[rl][model]") {
   // T = 40 crosses the kernels' blocks of positions (16) and ends inside one.

@@ -652,3 +652,61 @@ TEST_CASE("safetensors: a failed write names the path and the OS's reason and le
     CHECK(loaded == params);
   }
 }
+
+TEST_CASE("safetensors: a model with a value head round-trips, and a head mismatch is named",
+          "[rl][safetensors][value_head]") {
+  TempDir dir;
+  GptConfig config = tiny(false);
+  config.value_head = true;
+  auto a = Gpt<float>::make(config).value();
+  a.init_random(42);
+  for (size_t i = a.layout().policy_count(); i < a.layout().total(); ++i)
+    a.params()[i] = 0.01f * static_cast<float>(i % 7);
+  fs::path p = dir.path / "critic.safetensors";
+  REQUIRE(save_model(p, a.layout(), a.params()).ok());
+
+  auto b = Gpt<float>::make(config).value();
+  REQUIRE(load_model(p, b.layout(), b.params()).ok());
+  CHECK(same_bits(a.params(), b.params(), a.layout().total()));
+  CHECK(losses_of(a) == losses_of(b));
+  CHECK(std::vector<float>(a.values(), a.values() + 12) == std::vector<float>(b.values(), b.values() + 12));
+  auto recorded = read_model_config(p);
+  REQUIRE(recorded.has_value());
+  CHECK(*recorded == config);
+  auto file = read_safetensors(p).value();
+  CHECK(file.metadata().at("troupe.value_head") == "true");
+  REQUIRE(file.find("value_head.weight") != nullptr);
+  CHECK(file.find("value_head.weight")->shape == std::vector<size_t>{8});
+  CHECK(file.find("value_head.bias")->shape == std::vector<size_t>{1});
+
+  // Into a model without a head, and the other way: the setting is named.
+  auto policy = Gpt<float>::make(tiny(false)).value();
+  Status s = load_model(p, policy.layout(), policy.params());
+  CHECK(s.code() == ErrorCode::invalid_argument);
+  CHECK_THAT(s.message(), Catch::Contains("a value head in the file, no value head in the model"));
+  policy.init_random(3);
+  fs::path q = dir.path / "policy.safetensors";
+  REQUIRE(save_model(q, policy.layout(), policy.params()).ok());
+  CHECK_THAT(load_model(q, b.layout(), b.params()).message(),
+             Catch::Contains("no value head in the file, a value head in the model"));
+  // A policy checkpoint starts a critic through the policy-only layout: the
+  // policy prefix is filled, the head left as it was.
+  const std::vector<float> head(b.params() + b.layout().policy_count(), b.params() + b.layout().total());
+  REQUIRE(load_model(q, policy.layout(), b.params()).ok());
+  CHECK(same_bits(policy.params(), b.params(), b.layout().policy_count()));
+  CHECK(std::equal(head.begin(), head.end(), b.params() + b.layout().policy_count()));
+
+  // A checkpoint from before the key existed has no head; a bad value is named.
+  auto policy_file = read_safetensors(q).value();
+  SafetensorsMetadata meta = policy_file.metadata();
+  meta.erase("troupe.value_head");
+  fs::path old = dir.path / "old.safetensors";
+  REQUIRE(write_safetensors(old, policy_file.tensors(), meta).ok());
+  CHECK(read_model_config(old).value().value_head == false);
+  CHECK(load_model(old, policy.layout(), policy.params()).ok());
+  meta["troupe.value_head"] = "yes";
+  REQUIRE(write_safetensors(old, policy_file.tensors(), meta).ok());
+  auto bad = read_model_config(old);
+  REQUIRE_FALSE(bad.has_value());
+  CHECK_THAT(bad.error().message(), Catch::Contains("troupe.value_head"));
+}

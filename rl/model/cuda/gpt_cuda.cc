@@ -556,6 +556,12 @@ GptCuda::~GptCuda() = default;
 Result<GptCuda> GptCuda::make(const GptConfig& config, GptCudaOptions options) {
   auto layout = ParamLayout::make(config);
   if (!layout) return error(layout.error());
+  if (config.value_head) {
+    return error(ErrorCode::unsupported,
+                 "gpt cuda: the value head (GptConfig::value_head) has no CUDA kernels; train a value-head model on "
+                 "the CPU model (gpt.h), or give the GPU its policy-only config (value_head false) and the first "
+                 "policy_count() parameters");
+  }
   int count = 0;
   if (cudaError_t e = cudaGetDeviceCount(&count); e != cudaSuccess || count == 0) {
     (void)cudaGetLastError();
@@ -597,7 +603,8 @@ Status GptCuda::download_grads(float* host) {
 Status GptCuda::init_from(const Gpt<float>& cpu) {
   const GptConfig &a = cpu.config(), &b = config();
   if (a.vocab_size != b.vocab_size || a.context_length != b.context_length || a.layers != b.layers ||
-      a.heads != b.heads || a.channels != b.channels || a.tied_embeddings != b.tied_embeddings) {
+      a.heads != b.heads || a.channels != b.channels || a.tied_embeddings != b.tied_embeddings ||
+      a.value_head != b.value_head) {
     return invalid("init_from: the CPU model's config differs from this model's");
   }
   return upload_params(cpu.params());

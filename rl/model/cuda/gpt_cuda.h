@@ -59,7 +59,8 @@ struct GptCudaOptions {
 class GptCuda {
  public:
   /// A model of `config` with zero parameters and gradients on
-  /// `options.device`. Errors: the config's (invalid_argument), no such
+  /// `options.device`. Errors: the config's (invalid_argument), a value
+  /// head (unsupported: the CUDA path has no kernels for it), no such
   /// device (unsupported), CUDA or cuBLAS failing to start or to allocate
   /// the parameters (start_failed).
   static Result<GptCuda> make(const GptConfig& config, GptCudaOptions options = {});
