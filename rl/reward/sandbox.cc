@@ -9,6 +9,7 @@
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -20,6 +21,7 @@
 #include <cmath>
 #include <cstring>
 #include <mutex>
+#include <utility>
 
 #ifndef P_PIDFD
 #define P_PIDFD 3  // waitid on a pidfd (Linux 5.4+), missing from glibc 2.36's headers
@@ -44,6 +46,17 @@ std::atomic<uint32_t> next_uid_slot{0};
 constexpr const char* kTmp = "/tmp";
 constexpr const char* kWorkDir = "/tmp/work";
 
+// The sandbox's /dev: character devices of major 1, and the usual links.
+constexpr std::pair<const char*, unsigned> kDevices[] = {
+    {"/dev/null", 3}, {"/dev/zero", 5}, {"/dev/full", 7}, {"/dev/random", 8}, {"/dev/urandom", 9}};
+constexpr std::pair<const char*, const char*> kDevLinks[] = {{"/proc/self/fd", "/dev/fd"},
+                                                             {"/proc/self/fd/0", "/dev/stdin"},
+                                                             {"/proc/self/fd/1", "/dev/stdout"},
+                                                             {"/proc/self/fd/2", "/dev/stderr"}};
+// Covered by an empty read-only tmpfs where they are directories (not
+// links: /var/run is one to /run on Debian).
+constexpr const char* kHiddenDirs[] = {"/run", "/var/run", "/var/tmp", "/var/lock"};
+
 // After the timeout's SIGKILL, how long the kernel gets to take the tree
 // down before the parent stops reading and just reaps.
 constexpr double kKillGrace_s = 1.0;
@@ -62,6 +75,8 @@ enum class Stage : int32_t {
   kBindWork,
   kRemountTmp,
   kMountProc,
+  kMountDev,
+  kHideDirs,
   kWriteFiles,
   kSession,
   kRlimits,
@@ -208,6 +223,30 @@ int sandbox_child(void* arg) {
   if (mount("proc", "/proc", "proc", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, nullptr) != 0) {
     fail(report_fd, Stage::kMountProc);
   }
+  // A /dev of the harmless devices only: the host's holds sockets (/dev/log),
+  // ptys and shared memory.
+  if (mount("tmpfs", "/dev", "tmpfs", MS_NOSUID | MS_NOEXEC, "size=64k,nr_inodes=64,mode=0755") != 0) {
+    fail(report_fd, Stage::kMountDev);
+  }
+  for (const auto& [path, minor] : kDevices) {
+    if (mknod(path, S_IFCHR, makedev(1, minor)) != 0 || chmod(path, 0666) != 0) fail(report_fd, Stage::kMountDev);
+  }
+  for (const auto& [target, path] : kDevLinks) {
+    if (symlink(target, path) != 0) fail(report_fd, Stage::kMountDev);
+  }
+  if (mount(nullptr, "/dev", nullptr, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NOEXEC, nullptr) != 0) {
+    fail(report_fd, Stage::kMountDev);
+  }
+  // The other places where host services keep unix sockets (connect
+  // ignores read-only mounts) or anyone may write: empty.
+  for (const char* dir : kHiddenDirs) {
+    struct stat st {};
+    if (lstat(dir, &st) != 0 || !S_ISDIR(st.st_mode)) continue;  // absent, or a link to one covered
+    if (mount("tmpfs", dir, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=4k,nr_inodes=4,mode=0755") !=
+        0) {
+      fail(report_fd, Stage::kHideDirs);
+    }
+  }
   write_files(plan, report_fd);
   // A session of its own: no controlling terminal to read, write or
   // inject into, and the terminal's signals (^C) stay with the caller.
@@ -231,6 +270,7 @@ int sandbox_child(void* arg) {
     fail(report_fd, Stage::kParentDeath);
   }
   if (chdir(kWorkDir) != 0) fail(report_fd, Stage::kChdir);
+  umask(022);  // this process's own (no CLONE_FS), not the caller's
   sigset_t none;
   sigemptyset(&none);
   sigprocmask(SIG_SETMASK, &none, nullptr);
@@ -267,6 +307,10 @@ std::string stage_error(Stage stage, int err, const SandboxRun& run, uint32_t ui
       return "sandbox: making only the working directory writable failed: " + why + root;
     case Stage::kMountProc:
       return "sandbox: mounting /proc for the sandbox's PID namespace failed: " + why + root;
+    case Stage::kMountDev:
+      return "sandbox: making the sandbox's /dev failed: " + why + root;
+    case Stage::kHideDirs:
+      return "sandbox: hiding /run and /var/tmp failed: " + why + root;
     case Stage::kWriteFiles:
       return "sandbox: writing the program's files failed: " + why +
              (err == ENOSPC ? "; raise dir_bytes" : "; check the file names");
@@ -472,9 +516,8 @@ Result<SandboxResult> run_sandboxed(const SandboxRun& run, const SandboxLimits& 
   // process's page tables, no copy-on-write faults afterwards) on a stack
   // of its own while this thread waits (CLONE_VFORK) until it execs or
   // fails. All signals blocked across the clone, so that none runs one of
-  // the parent's handlers in the child before it resets them. Exit signal
-  // 0: no SIGCHLD for the caller, and waitpid(-1) elsewhere in the process
-  // cannot reap the sandbox (only __WALL waits see it).
+  // the parent's handlers in the child before it resets them. (Exit signal
+  // SIGCHLD: exec would make it that anyway.)
   sigset_t all, old;
   sigfillset(&all);
   pthread_sigmask(SIG_SETMASK, &all, &old);
@@ -482,7 +525,7 @@ Result<SandboxResult> run_sandboxed(const SandboxRun& run, const SandboxLimits& 
   int pidfd_raw = -1;
   const int pid = clone(sandbox_child, static_cast<char*>(stack) + kChildStackBytes + kGuardBytes,
                         CLONE_VM | CLONE_VFORK | CLONE_PIDFD | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWNS |
-                            CLONE_NEWIPC | CLONE_NEWUTS,
+                            CLONE_NEWIPC | CLONE_NEWUTS | SIGCHLD,
                         const_cast<ChildPlan*>(&plan), &pidfd_raw);
   const int clone_errno = errno;
   pthread_sigmask(SIG_SETMASK, &old, nullptr);
@@ -499,18 +542,20 @@ Result<SandboxResult> run_sandboxed(const SandboxRun& run, const SandboxLimits& 
   err_write.reset();
   report_write.reset();
   stdin_fd.reset();
-  auto reap = [&] {
-    siginfo_t info{};
-    while (syscall(SYS_waitid, P_PIDFD, pidfd.get(), &info, WEXITED | __WALL, nullptr) != 0 && errno == EINTR) {
+  // False when someone else took the status (waitpid(-1), SIGCHLD ignored).
+  auto reap = [&](siginfo_t& info) {
+    for (;;) {
+      if (syscall(SYS_waitid, P_PIDFD, pidfd.get(), &info, WEXITED, nullptr) == 0) return true;
+      if (errno != EINTR) return false;
     }
-    return info;
   };
 
   // The child has exec'd (the report pipe closed with it) or failed (a
   // report, then exit).
   Report report{};
   if (read(report_read.get(), &report, sizeof report) == sizeof report) {
-    reap();
+    siginfo_t info{};
+    reap(info);
     return error(ErrorCode::unsupported, stage_error(report.stage, report.error, run, uid));
   }
 
@@ -548,7 +593,12 @@ Result<SandboxResult> run_sandboxed(const SandboxRun& run, const SandboxLimits& 
       if (fds[i].fd == pidfd.get()) exited = true;
     }
   }
-  const siginfo_t info = reap();
+  siginfo_t info{};
+  if (!reap(info)) {
+    return error(ErrorCode::unsupported,
+                 "sandbox: the program's exit status was taken by another wait in this process (" + errno_text(errno) +
+                     "); wait for your own children by pid, and do not set SIGCHLD to SIG_IGN");
+  }
   result.wall_seconds = std::chrono::duration<double>(Clock::now() - start).count();
   if (info.si_code == CLD_EXITED) {
     result.exit_code = info.si_status;

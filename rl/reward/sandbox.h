@@ -95,10 +95,11 @@ struct SandboxResult {
 /// sandbox could not be made (bad limits or run: invalid_argument; an
 /// executable that does not exist: not_found; no root, namespaces or mounts
 /// refused: unsupported), with what to do. Safe to call from many threads
-/// at once; the caller's signal handlers, signal mask and other children
-/// are not touched (the sandbox sends no SIGCHLD and is invisible to
-/// waitpid(-1)), and its memory is not copied (the sandbox starts like
-/// posix_spawn).
+/// at once; the caller's signal handlers and mask are not touched and its
+/// memory is not copied (the sandbox starts like posix_spawn). Like any
+/// child, the program sends SIGCHLD when it ends; a waitpid(-1) elsewhere
+/// in the process, or SIGCHLD set to SIG_IGN, would take its exit status
+/// (an error then).
 Result<SandboxResult> run_sandboxed(const SandboxRun& run, const SandboxLimits& limits = {});
 
 /// ok when sandboxes can be made on this machine (checked once, by running
