@@ -565,11 +565,10 @@ Result<SandboxResult> run_sandboxed(const SandboxRun& run, const SandboxLimits& 
   const Clock::time_point deadline = start + seconds(limits.timeout_s);
   Clock::time_point kill_deadline{};
   // Until the program (PID 1) is gone, which means every process of its
-  // namespace is, and every pipe is at its end (all writers were in the
-  // namespace); after a kill, at most the grace.
-  while (out_open || err_open || !exited) {
+  // namespace is; after a kill, at most the grace.
+  while (!exited) {
     const auto now = Clock::now();
-    if (!killed && !exited && now >= deadline) {
+    if (!killed && now >= deadline) {
       syscall(SYS_pidfd_send_signal, pidfd.get(), SIGKILL, nullptr, 0);
       killed = true;
       result.timed_out = true;
@@ -581,10 +580,10 @@ Result<SandboxResult> run_sandboxed(const SandboxRun& run, const SandboxLimits& 
         std::ceil(std::chrono::duration<double, std::milli>(std::max(until - now, Clock::duration::zero())).count()));
     pollfd fds[3];
     nfds_t count = 0;
+    fds[count++] = {pidfd.get(), POLLIN, 0};
     if (out_open) fds[count++] = {out_read.get(), POLLIN, 0};
     if (err_open) fds[count++] = {err_read.get(), POLLIN, 0};
-    if (!exited) fds[count++] = {pidfd.get(), POLLIN, 0};
-    const int ready = poll(fds, count, exited ? std::min(wait_ms, 1000) : wait_ms);
+    const int ready = poll(fds, count, wait_ms);
     if (ready < 0 && errno != EINTR) break;
     for (nfds_t i = 0; i < count && ready > 0; ++i) {
       if (fds[i].revents == 0) continue;
@@ -593,6 +592,11 @@ Result<SandboxResult> run_sandboxed(const SandboxRun& run, const SandboxLimits& 
       if (fds[i].fd == pidfd.get()) exited = true;
     }
   }
+  // Every writer in the namespace is gone: what they wrote is in the pipes.
+  // Not waiting for their end: a fork elsewhere in this process may hold a
+  // copy of a write end until it execs.
+  if (out_open) drain(out_read.get(), result.out, limits.output_bytes, result.out_truncated);
+  if (err_open) drain(err_read.get(), result.err, limits.output_bytes, result.err_truncated);
   siginfo_t info{};
   if (!reap(info)) {
     return error(ErrorCode::unsupported,

@@ -33,7 +33,8 @@ struct CodeProblem {
 struct CodeConfig {
   /// Each problem chains a number of steps drawn uniformly from [min_steps,
   /// max_steps]; a step is "add k", "subtract k", "times k" or "square".
-  size_t min_steps = 1;
+  /// Two steps: 5 problems in 16 need parentheses (one step never does).
+  size_t min_steps = 2;
   size_t max_steps = 2;
   /// Constants k are drawn from [1, max_constant] (times: from 2).
   int64_t max_constant = 9;
@@ -62,7 +63,9 @@ class CodeTask {
   /// `(x+3)*2` may become `x+3*2`. Right on problems that need no
   /// parentheses, wrong (on most tests) where a dropped pair changes the
   /// value: a model distilled from it inherits the doubt, and the tests'
-  /// reward can remove it.
+  /// reward can remove it. At 0.75 the teacher is wrong more often than
+  /// right where parentheses are needed, so a model's greedy answer is too,
+  /// while its samples still hold the right one at times (what GRPO needs).
   static std::string weak_teacher_answer(const CodeProblem& problem, double drop_probability, std::mt19937_64& rng);
 
  private:
