@@ -4,6 +4,8 @@
 #include <atomic>
 #include <thread>
 
+#include "tasks/draw.h"
+
 namespace troupe::rl::tasks {
 
 namespace {
@@ -47,10 +49,6 @@ std::string parenthesised(const Expr& e, int min_precedence) {
   return e.precedence < min_precedence ? "(" + e.text + ")" : e.text;
 }
 
-/// The same 53-bit uniform as the sampler's: one stream on every standard
-/// library.
-double uniform01(std::mt19937_64& rng) { return static_cast<double>(rng() >> 11) * 0x1.0p-53; }
-
 }  // namespace
 
 Status CodeConfig::validate() const {
@@ -76,26 +74,15 @@ Result<CodeTask> CodeTask::make(const CodeConfig& config, uint64_t seed) {
   return CodeTask(config, seed);
 }
 
-int64_t CodeTask::uniform(int64_t lo, int64_t hi) {
-  // By rejection, not std::uniform_int_distribution, whose output differs
-  // between standard libraries.
-  const uint64_t span = static_cast<uint64_t>(hi - lo + 1);
-  const uint64_t limit = UINT64_MAX - UINT64_MAX % span;
-  uint64_t v;
-  do v = rng_();
-  while (v >= limit);
-  return lo + static_cast<int64_t>(v % span);
-}
-
 CodeProblem CodeTask::next() {
   const auto steps = static_cast<size_t>(
-      uniform(static_cast<int64_t>(config_.min_steps), static_cast<int64_t>(config_.max_steps)));
+      uniform_int(rng_, static_cast<int64_t>(config_.min_steps), static_cast<int64_t>(config_.max_steps)));
   Expr e{"x", 4};
   std::vector<std::pair<char, int64_t>> ops;  // to evaluate the tests
   std::string prompt;
   for (size_t i = 0; i < steps; ++i) {
-    const int64_t kind = uniform(0, 3);
-    int64_t k = kind == 2 ? uniform(2, config_.max_constant) : uniform(1, config_.max_constant);
+    const int64_t kind = uniform_int(rng_, 0, 3);
+    int64_t k = kind == 2 ? uniform_int(rng_, 2, config_.max_constant) : uniform_int(rng_, 1, config_.max_constant);
     if (i > 0) prompt += " then ";
     switch (kind) {
       case 0:
@@ -125,7 +112,7 @@ CodeProblem CodeTask::next() {
   CodeProblem problem{prompt + ":", e.text, {}};
   std::vector<int64_t> xs;
   while (xs.size() < config_.tests) {
-    const int64_t x = uniform(-config_.test_range, config_.test_range);
+    const int64_t x = uniform_int(rng_, -config_.test_range, config_.test_range);
     if (std::find(xs.begin(), xs.end(), x) == xs.end()) xs.push_back(x);
   }
   for (int64_t x : xs) {

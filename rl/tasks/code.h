@@ -70,7 +70,6 @@ class CodeTask {
 
  private:
   CodeTask(CodeConfig config, uint64_t seed) : config_(config), rng_(seed) {}
-  int64_t uniform(int64_t lo, int64_t hi);
 
   CodeConfig config_;
   std::mt19937_64 rng_;
