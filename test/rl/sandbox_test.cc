@@ -37,11 +37,14 @@ namespace fs = std::filesystem;
 namespace {
 
 /// Fails the test, with the sandbox's reason, where sandboxes cannot be
-/// made: a test that passes without a sandbox would prove nothing.
+/// made or Python is missing: a test that passes without them would prove
+/// nothing.
 void require_sandbox() {
   const troupe::Status s = reward::sandbox_available();
   INFO(s.to_string());
   REQUIRE(s.ok());
+  INFO(reward::kPython << " is missing: install Debian package python3-minimal");
+  REQUIRE(fs::exists(reward::kPython));
 }
 
 /// `script` run as main.py under python in a sandbox.
