@@ -290,6 +290,10 @@ std::string errno_text(int err) { return std::strerror(err); }
 std::string stage_error(Stage stage, int err, const SandboxRun& run, uint32_t uid) {
   const std::string why = errno_text(err);
   const std::string root = "; the sandbox needs root with CAP_SYS_ADMIN (in a container: --privileged)";
+  const std::string unmapped = err == EINVAL ? "; uid " + std::to_string(uid) +
+                                                   " is not mapped: this process runs in a user namespace; run it as "
+                                                   "the host's root"
+                                             : "";
   switch (stage) {
     case Stage::kFds:
       return "sandbox: arranging the program's descriptors failed: " + why + "; close_range needs Linux 5.9+";
@@ -301,7 +305,7 @@ std::string stage_error(Stage stage, int err, const SandboxRun& run, uint32_t ui
     case Stage::kMountTmpfs:
       return "sandbox: mounting a tmpfs on /tmp failed: " + why + root;
     case Stage::kWorkDir:
-      return "sandbox: creating the working directory failed: " + why;
+      return "sandbox: creating the working directory failed: " + why + unmapped;
     case Stage::kBindWork:
     case Stage::kRemountTmp:
       return "sandbox: making only the working directory writable failed: " + why + root;
@@ -313,7 +317,7 @@ std::string stage_error(Stage stage, int err, const SandboxRun& run, uint32_t ui
       return "sandbox: hiding /run and /var/tmp failed: " + why + root;
     case Stage::kWriteFiles:
       return "sandbox: writing the program's files failed: " + why +
-             (err == ENOSPC ? "; raise dir_bytes" : "; check the file names");
+             (err == ENOSPC ? "; raise dir_bytes" : err == EINVAL ? unmapped : "; check the file names");
     case Stage::kSession:
       return "sandbox: starting a session failed: " + why;
     case Stage::kRlimits:
@@ -322,8 +326,7 @@ std::string stage_error(Stage stage, int err, const SandboxRun& run, uint32_t ui
     case Stage::kSetGid:
     case Stage::kSetUid:
       return "sandbox: switching to uid " + std::to_string(uid) + " failed: " + why +
-             (err == EINVAL ? "; this process runs in a user namespace that does not map the uid: run as the host's root"
-                            : "; the sandbox needs root (CAP_SETUID, CAP_SETGID)");
+             (err == EINVAL ? unmapped : "; the sandbox needs root (CAP_SETUID, CAP_SETGID)");
     case Stage::kNoNewPrivs:
       return "sandbox: PR_SET_NO_NEW_PRIVS failed: " + why;
     case Stage::kParentDeath:
