@@ -14,8 +14,9 @@ packages=(
   libsqlite3-dev libcli11-dev nlohmann-json3-dev
   # tests: two hosts on one machine (network namespaces), process checks
   iproute2 procps
-  # the RL stack: the policy model's CPU matrix products, job configs
-  libopenblas-dev libtomlplusplus-dev
+  # the RL stack: the policy model's CPU matrix products, job configs, the
+  # interpreter the code-execution reward runs in its sandbox
+  libopenblas-dev libtomlplusplus-dev python3-minimal
 )
 
 missing=()

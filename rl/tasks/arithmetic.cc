@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "tasks/draw.h"
+
 namespace troupe::rl::tasks {
 
 Status ArithmeticConfig::validate() const {
@@ -24,14 +26,7 @@ int64_t ArithmeticTask::operand(size_t digits) {
   for (size_t i = 1; i < digits; ++i) lo *= 10;
   const int64_t hi = lo * 10 - 1;
   if (digits == 1) lo = 0;
-  // Uniform by rejection, not std::uniform_int_distribution, whose output
-  // differs between standard libraries.
-  const uint64_t span = static_cast<uint64_t>(hi - lo + 1);
-  const uint64_t limit = UINT64_MAX - UINT64_MAX % span;
-  uint64_t x;
-  do x = rng_();
-  while (x >= limit);
-  return lo + static_cast<int64_t>(x % span);
+  return uniform_int(rng_, lo, hi);
 }
 
 ArithmeticProblem ArithmeticTask::next() {
@@ -68,9 +63,7 @@ std::string ArithmeticTask::weak_teacher_answer(const ArithmeticProblem& problem
     int sum = da + db + carry;
     out.push_back(static_cast<char>('0' + sum % 10));
     carry = sum / 10;
-    // The same 53-bit uniform as the sampler's, for a stream that is the
-    // same under every standard library.
-    if (carry != 0 && static_cast<double>(rng() >> 11) * 0x1.0p-53 < carry_drop) carry = 0;
+    if (carry != 0 && uniform01(rng) < carry_drop) carry = 0;
   }
   if (carry != 0) out.push_back('1');
   while (out.size() > 1 && out.back() == '0') out.pop_back();

@@ -1,0 +1,89 @@
+// The code sandbox's cost per run (rl/reward/sandbox.h): a trivial Python
+// program (`pass`) run in a sandbox, serially, against the floor of plain
+// fork + exec + wait of the same interpreter and arguments in the same run;
+// and code_rewards' throughput (one sandbox per completion, the harness, the
+// completion's tests) at 2 at a time, against twice the plain rate.
+// Needs root, like the sandbox.
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "../common/report.h"
+#include "reward/sandbox.h"
+#include "tasks/code.h"
+
+using troupe::bench::emit;
+using troupe::bench::quantile;
+using troupe::bench::seconds_since;
+using namespace troupe::rl;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+// Seconds for fork + exec of `argv` with stdout and stderr on /dev/null,
+// then waitpid.
+double plain_run_seconds(const std::vector<std::string>& argv) {
+  std::vector<char*> args;
+  for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  const auto t0 = Clock::now();
+  const pid_t pid = fork();
+  if (pid == 0) {
+    execv(args[0], args.data());
+    _exit(127);
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+    std::fprintf(stderr, "sandbox bench: %s failed\n", argv[0].c_str());
+    std::exit(1);
+  }
+  return seconds_since(t0);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const int runs = troupe::bench::quick(argc, argv) ? 10 : 50;
+  if (troupe::Status s = reward::sandbox_available(); !s.ok()) {
+    std::fprintf(stderr, "sandbox bench: %s\n", s.to_string().c_str());
+    return 1;
+  }
+  const std::vector<std::string> python = {std::string(reward::kPython), "-I", "-S", "-B", "-c", "pass"};
+  std::vector<double> sandboxed, plain;
+  for (int i = 0; i < runs; ++i) {
+    plain.push_back(plain_run_seconds(python));
+    const auto t0 = Clock::now();
+    auto r = reward::run_sandboxed({.argv = python, .files = {}, .stdin_data = {}}, {});
+    const double seconds = seconds_since(t0);
+    if (!r || !r->succeeded()) {
+      std::fprintf(stderr, "sandbox bench: a sandboxed run failed: %s\n",
+                   r ? r->err.c_str() : r.error().to_string().c_str());
+      return 1;
+    }
+    sandboxed.push_back(seconds);
+  }
+  const double sandbox_ms = quantile(sandboxed, 0.5) * 1e3, plain_ms = quantile(plain, 0.5) * 1e3;
+  emit("sandbox", "python_pass_run_p50", sandbox_ms, "ms", "fork_exec_python_p50", plain_ms, "< 2x fork+exec");
+
+  // code_reward: 2 sandboxes at a time over a batch of reference answers.
+  auto problems = tasks::CodeTask::make({}, 1).value().take(static_cast<size_t>(runs));
+  std::vector<std::string> completions;
+  for (const auto& p : problems) completions.push_back(p.reference);
+  const auto t0 = Clock::now();
+  auto rewards = tasks::code_rewards(problems, completions, tasks::code_limits(), 2);
+  const double seconds = seconds_since(t0);
+  if (!rewards) {
+    std::fprintf(stderr, "sandbox bench: %s\n", rewards.error().to_string().c_str());
+    return 1;
+  }
+  // The floor: two plain fork + exec runs at a time, one per core.
+  emit("sandbox", "code_rewards_per_s_2_concurrent", static_cast<double>(runs) / seconds, "1/s",
+       "fork_exec_python_per_s_x2", 2e3 / plain_ms, "");
+  return 0;
+}

@@ -1,0 +1,24 @@
+// Random draws that are the same under every standard library (the
+// std::uniform_*_distribution's are not), so that the tasks' problem
+// streams and weak teachers are reproducible on every machine.
+#pragma once
+
+#include <cstdint>
+#include <random>
+
+namespace troupe::rl::tasks {
+
+/// Uniform over [lo, hi] (REQUIRES: lo <= hi), by rejection.
+inline int64_t uniform_int(std::mt19937_64& rng, int64_t lo, int64_t hi) {
+  const uint64_t span = static_cast<uint64_t>(hi - lo) + 1;
+  const uint64_t limit = UINT64_MAX - UINT64_MAX % span;
+  uint64_t x;
+  do x = rng();
+  while (x >= limit);
+  return lo + static_cast<int64_t>(x % span);
+}
+
+/// Uniform in [0, 1): 53 random bits, as the sampler's.
+inline double uniform01(std::mt19937_64& rng) { return static_cast<double>(rng() >> 11) * 0x1.0p-53; }
+
+}  // namespace troupe::rl::tasks

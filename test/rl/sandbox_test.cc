@@ -1,0 +1,472 @@
+// The sandbox for untrusted code and the code-writing task it scores: a
+// program runs with its files, stdin and output; it reaches no network,
+// writes nowhere but its own directory, and whatever it does (fork bombs,
+// memory bombs, endless loops, floods) ends within its limits with nothing
+// left behind. The code task's problems are reproducible, its reference
+// answers score 1, the weak teacher's dropped parentheses and garbage do
+// not, and parallel scoring equals serial. These tests need root (CI runs
+// as root): without it they fail with the sandbox's reason.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <random>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <catch2/catch.hpp>
+
+#include "reward/sandbox.h"
+#include "tasks/code.h"
+
+using namespace troupe::rl;
+using reward::SandboxLimits;
+using reward::SandboxResult;
+using reward::SandboxRun;
+namespace fs = std::filesystem;
+
+namespace {
+
+/// Fails the test, with the sandbox's reason, where sandboxes cannot be
+/// made or Python is missing: a test that passes without them would prove
+/// nothing.
+void require_sandbox() {
+  const troupe::Status s = reward::sandbox_available();
+  INFO(s.to_string());
+  REQUIRE(s.ok());
+  INFO(reward::kPython << " is missing: install Debian package python3-minimal");
+  REQUIRE(fs::exists(reward::kPython));
+}
+
+/// `script` run as main.py under python in a sandbox.
+SandboxResult run_python(const std::string& script, const SandboxLimits& limits = {}, std::string stdin_data = {}) {
+  SandboxRun run{.argv = reward::python_argv("main.py"), .files = {{"main.py", script}}, .stdin_data = stdin_data};
+  auto r = reward::run_sandboxed(run, limits);
+  INFO((r ? std::string() : r.error().to_string()));
+  REQUIRE(r);
+  return *r;
+}
+
+/// Processes on the host whose real uid is `uid`.
+std::vector<int> processes_of_uid(uint32_t uid) {
+  std::vector<int> pids;
+  for (const auto& entry : fs::directory_iterator("/proc")) {
+    const std::string name = entry.path().filename();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream status(entry.path() / "status");
+    for (std::string line; std::getline(status, line);) {
+      if (line.rfind("Uid:", 0) == 0) {
+        if (std::stoul(line.substr(4)) == uid) pids.push_back(std::stoi(name));
+        break;
+      }
+    }
+  }
+  return pids;
+}
+
+/// Host processes in the mount namespace `ns` ("mnt:[4026532...]").
+int processes_in_mount_namespace(const std::string& ns) {
+  int count = 0;
+  for (const auto& entry : fs::directory_iterator("/proc")) {
+    std::error_code ec;
+    if (fs::read_symlink(entry.path() / "ns" / "mnt", ec) == ns && !ec) ++count;
+  }
+  return count;
+}
+
+std::string unique_host_path(const std::string& tag) {
+  static std::atomic<int> n{0};
+  return (fs::temp_directory_path() / ("troupe-sandbox-" + tag + "-" + std::to_string(getpid()) + "-" +
+                                       std::to_string(n.fetch_add(1))))
+      .string();
+}
+
+std::atomic<int> sigchld_count{0};
+void count_sigchld(int) { sigchld_count.fetch_add(1); }
+
+}  // namespace
+
+TEST_CASE("sandbox: a program gets its files and stdin, and its output and exit code come back", "[rl][sandbox]") {
+  require_sandbox();
+  // This process's handlers and signal mask stay as they were.
+  struct sigaction count {}, old {}, after {};
+  count.sa_handler = count_sigchld;
+  sigaction(SIGCHLD, &count, &old);
+  sigset_t mask_before, mask_after;
+  pthread_sigmask(SIG_SETMASK, nullptr, &mask_before);
+  SandboxRun run{.argv = reward::python_argv("main.py"),
+                 .files = {{"main.py",
+                            "import os, sys\n"
+                            "data = open('data.txt').read()\n"
+                            "print(os.getcwd(), data, sys.stdin.read(), sep='|')\n"
+                            "print('to stderr', file=sys.stderr)\n"
+                            "sys.exit(3)\n"},
+                           {"data.txt", "file contents"}},
+                 .stdin_data = "from stdin"};
+  auto r = reward::run_sandboxed(run, {});
+  pthread_sigmask(SIG_SETMASK, nullptr, &mask_after);
+  sigaction(SIGCHLD, &old, &after);
+  CHECK(after.sa_handler == count_sigchld);
+  for (int sig = 1; sig < SIGRTMIN; ++sig) CHECK(sigismember(&mask_before, sig) == sigismember(&mask_after, sig));
+  REQUIRE(r);
+  CHECK(r->out == "/tmp/work|file contents|from stdin\n");
+  CHECK(r->err == "to stderr\n");
+  CHECK(r->exit_code == 3);
+  CHECK(r->term_signal == 0);
+  CHECK_FALSE(r->timed_out);
+  CHECK_FALSE(r->out_truncated);
+  CHECK_FALSE(r->succeeded());
+  CHECK(r->uid >= 2'000'000'000u);
+  CHECK(r->wall_seconds > 0);
+
+  auto ok = run_python("print(sum(range(10)))");
+  CHECK(ok.out == "45\n");
+  CHECK(ok.succeeded());
+}
+
+TEST_CASE("sandbox: the network is unreachable, the host's loopback included", "[rl][sandbox]") {
+  require_sandbox();
+  const int listener = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  REQUIRE(listener >= 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
+  REQUIRE(listen(listener, 4) == 0);
+  socklen_t len = sizeof addr;
+  REQUIRE(getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len) == 0);
+  const int port = ntohs(addr.sin_port);
+
+  auto r = run_python("import socket\n"
+                      "print([name for _, name in socket.if_nameindex()])\n"
+                      "try:\n"
+                      "    socket.create_connection(('127.0.0.1', " +
+                      std::to_string(port) +
+                      "), timeout=2)\n"
+                      "    print('connected')\n"
+                      "except OSError as e:\n"
+                      "    print('failed', e.errno)\n");
+  INFO(r.out << r.err);
+  CHECK(r.out.find("['lo']") != std::string::npos);  // no interface but a loopback, and that one down
+  CHECK(r.out.find("failed " + std::to_string(ENETUNREACH)) != std::string::npos);
+  CHECK(r.out.find("connected") == std::string::npos);
+  // Nothing reached the listener.
+  CHECK(accept(listener, nullptr, nullptr) < 0);
+  CHECK(errno == EAGAIN);
+  close(listener);
+}
+
+TEST_CASE("sandbox: writes outside the working directory fail, writes inside succeed", "[rl][sandbox]") {
+  require_sandbox();
+  const std::string host_tmp = unique_host_path("escape");
+  const std::vector<std::string> outside = {host_tmp,
+                                            "/var/tmp/troupe-sandbox-escape",
+                                            "/dev/shm/troupe-sandbox-escape",
+                                            "/dev/troupe-sandbox-escape",
+                                            "/run/troupe-sandbox-escape",
+                                            "/etc/troupe-sandbox-escape",
+                                            "/tmp/troupe-sandbox-escape"};
+  std::string script = "import os\n";
+  for (const std::string& path : outside) {
+    script += "try:\n    open('" + path + "', 'w').write('x')\n    print('wrote')\nexcept OSError as e:\n    print(e.errno)\n";
+  }
+  script += "open('inside.txt', 'w').write('abc')\nos.mkdir('sub')\nopen('sub/f', 'w').write('d')\n"
+            "open('/dev/null', 'w').write('gone')\n"
+            "print(open('inside.txt').read() + open('sub/f').read() + str(len(open('/dev/urandom', 'rb').read(4))))\n";
+  auto r = run_python(script);
+  INFO(r.out << r.err);
+  REQUIRE(r.succeeded());
+  CHECK(r.out.find("wrote") == std::string::npos);
+  // A read-only filesystem (EROFS), not ours (EACCES), or not there
+  // (ENOENT: the sandbox's /dev has no shm).
+  size_t lines = 0;
+  for (size_t pos = 0; (pos = r.out.find('\n', pos)) != std::string::npos; ++pos) ++lines;
+  CHECK(lines == outside.size() + 1);
+  for (const std::string& path : outside) CHECK_FALSE(fs::exists(path));
+  for (size_t start = 0, i = 0; i < outside.size(); ++i) {
+    const size_t end = r.out.find('\n', start);
+    const int err = std::stoi(r.out.substr(start, end - start));
+    CHECK((err == EROFS || err == EACCES || err == ENOENT));
+    start = end + 1;
+  }
+  CHECK(r.out.find("abcd4\n") != std::string::npos);
+}
+
+TEST_CASE("sandbox: the working directory is fresh for each run and gone afterwards", "[rl][sandbox]") {
+  require_sandbox();
+  auto first = run_python(
+      "import os\nopen('left-behind.txt', 'w').write('x' * 100000)\n"
+      "print(os.readlink('/proc/self/ns/mnt'))\n");
+  REQUIRE(first.succeeded());
+  const std::string ns = first.out.substr(0, first.out.find('\n'));
+  CHECK(ns.rfind("mnt:[", 0) == 0);
+  // No process is left in the sandbox's mount namespace, so it and its
+  // tmpfs are gone; the host never had the file.
+  CHECK(processes_in_mount_namespace(ns) == 0);
+  CHECK_FALSE(fs::exists("/tmp/work/left-behind.txt"));
+  auto second = run_python("import os\nprint(sorted(os.listdir('.')))\n");
+  CHECK(second.out == "['main.py']\n");
+}
+
+TEST_CASE("sandbox: a fork bomb is contained and leaves no process behind", "[rl][sandbox]") {
+  require_sandbox();
+  SandboxLimits limits;
+  limits.max_processes = 4;
+  limits.timeout_s = 5;
+  // Children that would live forever: the program gets max_processes - 1
+  // of them, and they die with it.
+  auto bounded = run_python(
+      "import os, time\nn = 0\n"
+      "while True:\n"
+      "    try:\n"
+      "        if os.fork() == 0:\n"
+      "            time.sleep(1000)\n"
+      "            os._exit(0)\n"
+      "        n += 1\n"
+      "    except OSError:\n"
+      "        break\n"
+      "print(n)\n",
+      limits);
+  INFO(bounded.out << bounded.err);
+  CHECK(bounded.out == "3\n");
+  CHECK(bounded.succeeded());
+  CHECK(bounded.wall_seconds < 2.0);
+  CHECK(processes_of_uid(bounded.uid).empty());
+
+  // A real bomb: every process forks forever; the timeout ends it.
+  limits.timeout_s = 1;
+  const auto start = std::chrono::steady_clock::now();
+  auto bomb = run_python(
+      "import os\n"
+      "while True:\n"
+      "    try:\n"
+      "        os.fork()\n"
+      "    except OSError:\n"
+      "        pass\n",
+      limits);
+  const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  CHECK(bomb.timed_out);
+  CHECK(bomb.term_signal == SIGKILL);
+  CHECK(elapsed >= 1.0);
+  CHECK(elapsed < 2.0);
+  CHECK(processes_of_uid(bomb.uid).empty());
+}
+
+TEST_CASE("sandbox: a memory bomb fails inside the sandbox", "[rl][sandbox]") {
+  require_sandbox();
+  SandboxLimits limits;
+  limits.memory_bytes = 64ull << 20;
+  auto big = run_python("x = bytearray(1 << 30)\n", limits);
+  CHECK(big.exit_code == 1);
+  CHECK(big.err.find("MemoryError") != std::string::npos);
+  auto growing = run_python("a = []\nwhile True:\n    a.append(bytearray(1 << 20))\n", limits);
+  CHECK(growing.exit_code == 1);
+  CHECK(growing.err.find("MemoryError") != std::string::npos);
+  CHECK_FALSE(growing.timed_out);
+  // This process is untouched and can still allocate.
+  std::vector<char> fine(16 << 20, 1);
+  CHECK(fine.back() == 1);
+}
+
+TEST_CASE("sandbox: an endless program is killed at the timeout, a busy one at its CPU limit", "[rl][sandbox]") {
+  require_sandbox();
+  SandboxLimits limits;
+  limits.timeout_s = 1;
+  for (const char* script : {"while True:\n    pass\n", "import time\ntime.sleep(1000)\n"}) {
+    INFO(script);
+    auto r = run_python(script, limits);
+    CHECK(r.timed_out);
+    CHECK(r.term_signal == SIGKILL);
+    CHECK(r.exit_code == -1);
+    CHECK(r.wall_seconds >= 1.0);
+    CHECK(r.wall_seconds < 2.0);
+    CHECK(processes_of_uid(r.uid).empty());
+  }
+  limits.timeout_s = 10;
+  limits.cpu_s = 1;
+  auto busy = run_python("while True:\n    pass\n", limits);
+  CHECK_FALSE(busy.timed_out);
+  CHECK(busy.term_signal == SIGKILL);
+  CHECK(busy.wall_seconds < limits.timeout_s);
+}
+
+TEST_CASE("sandbox: an output flood is cut at the bound without blocking the program", "[rl][sandbox]") {
+  require_sandbox();
+  SandboxLimits limits;
+  limits.output_bytes = 1000;
+  auto r = run_python(
+      "import sys\nsys.stdout.write('o' * 10_000_000)\nsys.stdout.flush()\n"
+      "sys.stderr.write('e' * 10_000_000)\nprint('finished', file=sys.stderr)\n",
+      limits);
+  CHECK(r.succeeded());  // it wrote all 20 MB: nothing blocked
+  CHECK(r.out == std::string(1000, 'o'));
+  CHECK(r.err == std::string(1000, 'e'));
+  CHECK(r.out_truncated);
+  CHECK(r.err_truncated);
+  auto small = run_python("print('x' * 999)\n", limits);
+  CHECK(small.out.size() == 1000);
+  CHECK_FALSE(small.out_truncated);
+  // A flood that never ends: the timeout, and still the bound.
+  limits.timeout_s = 1;
+  auto endless = run_python("import sys\nwhile True:\n    sys.stdout.write('z' * 65536)\n", limits);
+  CHECK(endless.timed_out);
+  CHECK(endless.out.size() == 1000);
+  CHECK(endless.out_truncated);
+}
+
+TEST_CASE("sandbox: bad limits and runs are refused, naming what is wrong", "[rl][sandbox]") {
+  auto refused = [](const SandboxLimits& limits, const std::string& field) {
+    INFO(field);
+    CHECK_THAT(limits.validate().message(), Catch::Contains(field));
+    auto r = reward::run_sandboxed({.argv = reward::python_argv("main.py"), .files = {}, .stdin_data = {}}, limits);
+    REQUIRE_FALSE(r);
+    CHECK(r.error().code() == troupe::ErrorCode::invalid_argument);
+    CHECK_THAT(r.error().message(), Catch::Contains(field));
+  };
+  CHECK(SandboxLimits{}.validate().ok());
+  refused({.timeout_s = 0}, "timeout_s");
+  refused({.timeout_s = -1}, "timeout_s");
+  refused({.cpu_s = 0}, "cpu_s");
+  refused({.memory_bytes = 0}, "memory_bytes");
+  refused({.dir_bytes = 0}, "dir_bytes");
+  refused({.open_files = 0}, "open_files");
+  refused({.max_processes = 0}, "max_processes");
+  refused({.output_bytes = 1ull << 40}, "output_bytes");
+
+  auto bad_run = [](const SandboxRun& run, const std::string& what) {
+    INFO(what);
+    auto r = reward::run_sandboxed(run, {});
+    REQUIRE_FALSE(r);
+    CHECK(r.error().code() == troupe::ErrorCode::invalid_argument);
+    CHECK_THAT(r.error().message(), Catch::Contains(what));
+  };
+  bad_run({.argv = {"python3", "-c", "pass"}, .files = {}, .stdin_data = {}}, "absolute path");
+  bad_run({.argv = {}, .files = {}, .stdin_data = {}}, "absolute path");
+  bad_run({.argv = reward::python_argv("main.py"), .files = {{"../escape.py", ""}}, .stdin_data = {}}, "../escape.py");
+  bad_run({.argv = reward::python_argv("main.py"), .files = {{"a", ""}, {"a", ""}}, .stdin_data = {}}, "twice");
+}
+
+TEST_CASE("sandbox: a missing interpreter is reported with its package", "[rl][sandbox]") {
+  auto missing = reward::run_sandboxed(
+      {.argv = {"/usr/bin/python3-not-installed", "-c", "pass"}, .files = {}, .stdin_data = {}}, {});
+  REQUIRE_FALSE(missing);
+  CHECK(missing.error().code() == troupe::ErrorCode::not_found);
+  CHECK_THAT(missing.error().message(), Catch::Contains("/usr/bin/python3-not-installed") &&
+                                            Catch::Contains("python3-minimal"));
+  auto other = reward::run_sandboxed({.argv = {"/opt/no-such-tool"}, .files = {}, .stdin_data = {}}, {});
+  REQUIRE_FALSE(other);
+  CHECK(other.error().code() == troupe::ErrorCode::not_found);
+  CHECK_THAT(other.error().message(), Catch::Contains("/opt/no-such-tool"));
+  // The interpreter the code task needs is there.
+  CHECK(fs::exists(reward::kPython));
+}
+
+TEST_CASE("code task: problems are reproducible by seed, short, and their tests follow the reference",
+          "[rl][sandbox][task]") {
+  auto task = tasks::CodeTask::make({}, 11).value();
+  auto again = tasks::CodeTask::make({}, 11).value();
+  std::set<std::string> references;
+  size_t with_parentheses = 0;
+  for (int i = 0; i < 1000; ++i) {
+    auto p = task.next();
+    auto q = again.next();
+    REQUIRE(p.prompt == q.prompt);
+    REQUIRE(p.reference == q.reference);
+    REQUIRE(p.tests == q.tests);
+    CHECK(p.prompt.back() == ':');
+    CHECK(p.prompt.size() + p.reference.size() <= 38);  // + BOS + EOS: 40 tokens
+    CHECK(p.tests.size() == 5);
+    std::set<int64_t> xs;
+    for (auto [x, y] : p.tests) xs.insert(x);
+    CHECK(xs.size() == 5);
+    references.insert(p.reference);
+    with_parentheses += p.reference.find('(') != std::string::npos ? 1 : 0;
+  }
+  CHECK(references.size() > 200);
+  CHECK(with_parentheses > 150);  // enough problems where the teacher can be wrong
+  CHECK(tasks::CodeTask::make({}, 12).value().take(3)[2].prompt != tasks::CodeTask::make({}, 11).value().take(3)[2].prompt);
+
+  // "add 3 then times 2" at x: (x+3)*2.
+  auto three = tasks::CodeTask::make({.min_steps = 3, .max_steps = 3}, 5).value().take(50);
+  for (const auto& p : three) CHECK(p.prompt.find(" then ") != p.prompt.rfind(" then "));
+  CHECK_THAT(tasks::CodeTask::make({.min_steps = 0}, 1).error().message(), Catch::Contains("min_steps"));
+  CHECK_THAT(tasks::CodeTask::make({.tests = 30, .test_range = 10}, 1).error().message(), Catch::Contains("tests"));
+  CHECK_FALSE(tasks::CodeTask::make({.max_steps = 4}, 1));
+}
+
+TEST_CASE("code task: the weak teacher drops parentheses at its rate", "[rl][sandbox][task]") {
+  std::mt19937_64 rng(3);
+  tasks::CodeProblem p{"add 3 then times 2 then square:", "((x+3)*2)**2", {}};
+  CHECK(tasks::CodeTask::weak_teacher_answer(p, 0.0, rng) == "((x+3)*2)**2");
+  CHECK(tasks::CodeTask::weak_teacher_answer(p, 1.0, rng) == "x+3*2**2");
+  std::map<std::string, int> seen;
+  for (int i = 0; i < 4000; ++i) seen[tasks::CodeTask::weak_teacher_answer(p, 0.5, rng)] += 1;
+  CHECK(seen.size() == 4);
+  CHECK(seen["((x+3)*2)**2"] == Approx(1000).margin(120));
+  CHECK(seen["x+3*2**2"] == Approx(1000).margin(120));
+  CHECK(tasks::CodeTask::weak_teacher_answer({"add 3:", "x+3", {}}, 1.0, rng) == "x+3");
+}
+
+TEST_CASE("code task: the reference scores 1, dropped parentheses and garbage score less", "[rl][sandbox][task]") {
+  require_sandbox();
+  tasks::CodeProblem p{"add 3 then times 2:", "(x+3)*2", {{-4, -2}, {0, 6}, {1, 8}, {5, 16}, {9, 24}}};
+  CHECK(tasks::code_reward(p, "(x+3)*2").value() == 1.0);
+  CHECK(tasks::code_reward(p, "2*x+6").value() == 1.0);  // any right expression
+  // x+3*2 = x+6: right only at x = 0.
+  CHECK(tasks::code_reward(p, "x+3*2").value() == Approx(0.2));
+  for (const char* garbage : {"", "x+", "(x+3", "print(x)", "x; 1", "__import__('os').system('true')", "'a'",
+                              "x/1", "1 / 0", "x**10**10", "\xff\xfe", "x\n)"}) {
+    INFO(garbage);
+    CHECK(tasks::code_reward(p, garbage).value() == 0.0);
+  }
+  // Without builtins, yet reaching sys through a class: what it prints
+  // spoils the harness's line, even with the right values.
+  const std::string printing =
+      "[c for c in ().__class__.__base__.__subclasses__() if c.__name__ == 'BuiltinImporter'][0]"
+      ".load_module('sys').stdout.write('x\\n') and (x+3)*2";
+  CHECK(tasks::code_reward(p, printing).value() == 0.0);
+  CHECK(tasks::code_reward(p, "(x+3)*2 if x else [c for c in ().__class__.__base__.__subclasses__()][0]").value() ==
+        Approx(0.8));
+}
+
+TEST_CASE("code task: scoring many completions in parallel equals scoring them one by one", "[rl][sandbox][task]") {
+  require_sandbox();
+  auto problems = tasks::CodeTask::make({}, 21).value().take(12);
+  std::mt19937_64 rng(4);
+  std::vector<tasks::CodeProblem> batch;
+  std::vector<std::string> completions;
+  for (const auto& p : problems) {
+    for (const std::string& c : {p.reference, tasks::CodeTask::weak_teacher_answer(p, 1.0, rng), std::string("x+")}) {
+      batch.push_back(p);
+      completions.push_back(c);
+    }
+  }
+  auto open_fds = [] { return std::distance(fs::directory_iterator("/proc/self/fd"), fs::directory_iterator()); };
+  const auto fds_before = open_fds();
+  auto parallel = tasks::code_rewards(batch, completions, tasks::code_limits(), 4);
+  REQUIRE(parallel);
+  CHECK(open_fds() == fds_before);  // nothing leaked by 36 sandboxes on 4 threads
+  std::vector<double> serial;
+  for (size_t i = 0; i < batch.size(); ++i) serial.push_back(tasks::code_reward(batch[i], completions[i]).value());
+  CHECK(*parallel == serial);
+  for (size_t i = 0; i < batch.size(); i += 3) {
+    INFO(batch[i].reference << " / teacher: " << completions[i + 1]);
+    CHECK(serial[i] == 1.0);
+    CHECK(serial[i + 2] == 0.0);
+    if (completions[i + 1] != completions[i] && serial[i + 1] == 1.0) {
+      // Dropping the parentheses left the value alone (x**2**2 is (x**2)**2).
+      CHECK(batch[i].reference.find("**2)**2") != std::string::npos);
+    }
+  }
+  CHECK_FALSE(tasks::code_rewards(batch, std::span(completions).first(2), tasks::code_limits(), 4));
+  CHECK_FALSE(tasks::code_rewards(batch, completions, tasks::code_limits(), 0));
+}
