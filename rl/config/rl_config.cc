@@ -25,8 +25,8 @@ using Choices = std::vector<std::pair<std::string_view, E>>;
 const Choices<Mode> kModes = {{"sync", Mode::sync}, {"async", Mode::async}};
 const Choices<Placement> kPlacements = {{"colocated", Placement::colocated},
                                         {"disaggregated", Placement::disaggregated}};
-const Choices<Algorithm> kAlgorithms = {{"grpo", Algorithm::grpo}};
-const Choices<TaskKind> kTasks = {{"arithmetic", TaskKind::arithmetic}};
+const Choices<Algorithm> kAlgorithms = {{"grpo", Algorithm::grpo}, {"rloo", Algorithm::rloo}, {"ppo", Algorithm::ppo}};
+const Choices<TaskKind> kTasks = {{"arithmetic", TaskKind::arithmetic}, {"code", TaskKind::code}};
 const Choices<ModelInit> kInits = {
     {"random", ModelInit::random}, {"warmup", ModelInit::warmup}, {"checkpoint", ModelInit::checkpoint}};
 const Choices<model::LossAggregation> kAggregations = {
@@ -177,8 +177,16 @@ Status bad(const std::string& source, const std::string& what) {
 size_t RlConfig::answer_budget() const {
   if (algorithm.sampling.max_new_tokens > 0) return algorithm.sampling.max_new_tokens;
   // The longest answer (a sum has one digit more than its operands, a
-  // difference may have a sign), EOS, and room for one digit too many.
+  // difference may have a sign; an expression has at most 6 bytes a step),
+  // EOS, and room for one token too many.
+  if (task.kind == TaskKind::code) return 6 * task.code.max_steps + 4;
   return task.problems.max_digits + 3;
+}
+
+model::GptConfig RlConfig::trainer_shape() const {
+  model::GptConfig s = model.shape;
+  s.value_head = algorithm.name == Algorithm::ppo;
+  return s;
 }
 
 model::SamplingParams RlConfig::rollout_sampling() const {
@@ -200,13 +208,21 @@ Status RlConfig::validate() const {
   }
   if (Status s = algorithm.sampling.validate(); !s.ok()) return bad(source, "[algorithm]: " + s.message());
   if (Status s = algorithm.loss.validate(); !s.ok()) return bad(source, "[algorithm]: " + s.message());
-  // BOS + "a+b=" + the answer budget must fit the context.
+  // BOS + the longest prompt + the answer budget must fit the context.
   const size_t digits = std::max(task.problems.max_digits, warmup.problems.max_digits);
-  const size_t need = 1 + (2 * digits + 2) + answer_budget();
+  size_t prompt = 2 * digits + 2;  // "a+b="
+  std::string what = std::to_string(digits) + "-digit problems";
+  if (task.kind == TaskKind::code) {
+    if (Status s = task.code.validate(); !s.ok()) return bad(source, "[task]: " + s.message());
+    // "subtract 99 then ..." and the closing ':'.
+    prompt = task.code.max_steps * (9 + std::to_string(task.code.max_constant).size()) + 1;
+    what = std::to_string(task.code.max_steps) + "-step functions";
+  }
+  const size_t need = 1 + prompt + answer_budget();
   if (model.shape.context_length < need) {
     return bad(source, "'model.context_length' is " + std::to_string(model.shape.context_length) + ", too short for " +
-                           std::to_string(digits) + "-digit problems and " + std::to_string(answer_budget()) +
-                           " answer tokens; it needs " + std::to_string(need));
+                           what + " and " + std::to_string(answer_budget()) + " answer tokens; it needs " +
+                           std::to_string(need));
   }
   if (model.init == ModelInit::checkpoint && model.checkpoint.empty()) {
     return bad(source, "'model.checkpoint' must name a safetensors file when 'model.init' is \"checkpoint\"");
@@ -275,6 +291,12 @@ Result<RlConfig> parse_rl_config(std::string_view text, std::string_view source_
     r.choice("name", c.task.kind, kTasks);
     read_digits(r, c.task.problems);
     r.boolean("subtraction", c.task.problems.subtraction);
+    r.count("min_steps", c.task.code.min_steps, 1, 8);
+    r.count("max_steps", c.task.code.max_steps, 1, 8);
+    size_t max_constant = static_cast<size_t>(c.task.code.max_constant);
+    r.count("max_constant", max_constant, 2, 99);
+    c.task.code.max_constant = static_cast<int64_t>(max_constant);
+    r.count("tests", c.task.code.tests, 1, 20);
     r.count("eval_problems", c.task.eval_problems, 1, 100'000);
     r.seed("eval_seed", c.task.eval_seed);
     r.finish();
@@ -299,7 +321,7 @@ Result<RlConfig> parse_rl_config(std::string_view text, std::string_view source_
     r.count("batch", w.batch, 1, 1'000'000);
     r.count("examples", w.examples, 1, 100'000'000);
     read_digits(r, w.problems);
-    r.number("teacher_carry_drop", w.teacher_carry_drop, 0, 1);
+    r.number("teacher_error", w.teacher_error, 0, 1);
     read_optim(r, w.optim);
     r.finish();
   }
@@ -319,6 +341,11 @@ Result<RlConfig> parse_rl_config(std::string_view text, std::string_view source_
     r.number("kl_coef", a.loss.kl_coef, 0, 100);
     r.choice("kl_estimator", a.loss.kl_estimator, kKl);
     r.choice("loss_aggregation", a.loss.aggregation, kAggregations);
+    r.number("entropy_coef", a.loss.entropy_coef, 0, 10);
+    r.number("gamma", a.gamma, 0, 1);
+    r.number("lambda", a.lambda, 0, 1);
+    r.number("value_coef", a.value_coef, 0, 100);
+    r.number("value_clip", a.value_clip, 0, 100);
     read_optim(r, a.optim);
     r.finish();
   }
@@ -342,6 +369,7 @@ Result<RlConfig> parse_rl_config(std::string_view text, std::string_view source_
   {
     auto r = table("reward");
     r.count("workers", c.reward.workers, 1, 1024);
+    r.count("sandboxes", c.reward.sandboxes, 1, 256);
     r.finish();
   }
   if (!first.ok()) return error(first);
@@ -388,6 +416,10 @@ std::string rl_config_json(const RlConfig& c) {
   j["task"] = digits(c.task.problems);
   j["task"]["name"] = name_of(kTasks, c.task.kind);
   j["task"]["eval_problems"] = c.task.eval_problems;
+  j["task"]["min_steps"] = c.task.code.min_steps;
+  j["task"]["max_steps"] = c.task.code.max_steps;
+  j["task"]["max_constant"] = c.task.code.max_constant;
+  j["task"]["tests"] = c.task.code.tests;
   j["task"]["eval_seed"] = c.task.eval_seed;
   const auto& m = c.model.shape;
   j["model"] = {{"layers", m.layers},
@@ -403,7 +435,7 @@ std::string rl_config_json(const RlConfig& c) {
   j["warmup"].update({{"steps", c.warmup.steps},
                       {"batch", c.warmup.batch},
                       {"examples", c.warmup.examples},
-                      {"teacher_carry_drop", c.warmup.teacher_carry_drop}});
+                      {"teacher_error", c.warmup.teacher_error}});
   const auto& a = c.algorithm;
   j["algorithm"] = optim(a.optim);
   j["algorithm"].update({{"name", name_of(kAlgorithms, a.name)},
@@ -418,7 +450,12 @@ std::string rl_config_json(const RlConfig& c) {
                          {"clip_high", a.loss.clip_high},
                          {"kl_coef", a.loss.kl_coef},
                          {"kl_estimator", name_of(kKl, a.loss.kl_estimator)},
-                         {"loss_aggregation", name_of(kAggregations, a.loss.aggregation)}});
+                         {"loss_aggregation", name_of(kAggregations, a.loss.aggregation)},
+                         {"entropy_coef", a.loss.entropy_coef},
+                         {"gamma", a.gamma},
+                         {"lambda", a.lambda},
+                         {"value_coef", a.value_coef},
+                         {"value_clip", a.value_clip}});
   j["trainer"] = {{"ranks", c.trainer.ranks}, {"threads", c.trainer.threads}};
   j["rollout"] = {{"engines", c.rollout.engines},
                   {"threads", c.rollout.threads},
@@ -426,7 +463,7 @@ std::string rl_config_json(const RlConfig& c) {
                   {"groups_in_flight", c.rollout.groups_in_flight},
                   {"sync_bucket_bytes", c.rollout.sync_bucket_bytes},
                   {"sync_reads_in_flight", c.rollout.sync_reads_in_flight}};
-  j["reward"] = {{"workers", c.reward.workers}};
+  j["reward"] = {{"workers", c.reward.workers}, {"sandboxes", c.reward.sandboxes}};
   return j.dump();
 }
 

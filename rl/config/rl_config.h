@@ -21,6 +21,7 @@
 #include "model/losses.h"
 #include "model/sampler.h"
 #include "tasks/arithmetic.h"
+#include "tasks/code.h"
 #include "troupe/status.h"
 
 namespace troupe::rl::config {
@@ -32,9 +33,16 @@ enum class Mode : uint8_t { sync, async };
 /// processes of their own.
 enum class Placement : uint8_t { colocated, disaggregated };
 /// How advantages are made from rewards.
-enum class Algorithm : uint8_t { grpo };
+enum class Algorithm : uint8_t {
+  /// Group-normalised advantages (no critic).
+  grpo,
+  /// RLOO: each sample's baseline is the mean of its group's others.
+  rloo,
+  /// PPO: a value head on the policy's trunk, GAE, a clipped value loss.
+  ppo,
+};
 /// The task the job trains on (its prompts and its reward).
-enum class TaskKind : uint8_t { arithmetic };
+enum class TaskKind : uint8_t { arithmetic, code };
 /// Where the policy's first weights come from.
 enum class ModelInit : uint8_t {
   /// Random (seeded): only useful with a task the model can already hit.
@@ -69,6 +77,8 @@ struct TaskConfig {
   TaskKind kind = TaskKind::arithmetic;
   /// The RL prompts' operands (arithmetic).
   tasks::ArithmeticConfig problems{.min_digits = 2, .max_digits = 2};
+  /// The functions to write (code): steps, constants, hidden tests.
+  tasks::CodeConfig code;
   /// Held-out problems (greedy decoding, exact answers).
   size_t eval_problems = 400;
   uint64_t eval_seed = 12345;
@@ -91,8 +101,9 @@ struct WarmupConfig {
   /// Labelled problems drawn once (the set the steps sample from).
   size_t examples = 20000;
   tasks::ArithmeticConfig problems{.min_digits = 1, .max_digits = 2};
-  /// The labels' teacher drops each carry with this probability (0: exact).
-  double teacher_carry_drop = 0.5;
+  /// The labels' teacher errs with this probability at each decision
+  /// (arithmetic: drops a carry; code: drops a pair of parentheses).
+  double teacher_error = 0.5;
   model::AdamWConfig optim{.learning_rate = 3e-3, .weight_decay = 0.1, .warmup_steps = 20};
 };
 
@@ -109,6 +120,9 @@ struct AlgorithmConfig {
   model::SamplingParams sampling{.temperature = 1.0, .max_new_tokens = 0};
   model::PolicyLossConfig loss;
   model::AdamWConfig optim{.learning_rate = 3e-4, .weight_decay = 0.0};
+  /// PPO: GAE's discount and lambda, the value loss's weight and clipping.
+  double gamma = 1.0, lambda = 0.95;
+  double value_coef = 0.5, value_clip = 0.2;
 };
 
 /// [trainer]: the data-parallel trainer mesh.
@@ -137,6 +151,8 @@ struct RolloutConfig {
 /// [reward]: the reward workers.
 struct RewardConfig {
   size_t workers = 1;
+  /// Sandboxes a worker runs at once (code).
+  size_t sandboxes = 2;
 };
 
 /// A whole job.
@@ -155,6 +171,10 @@ struct RlConfig {
   size_t answer_budget() const;
   /// The sampling parameters of rollouts (the budget and EOS filled in).
   model::SamplingParams rollout_sampling() const;
+  /// The trainer's model: the policy's shape, with a value head for PPO
+  /// (the rollout engines hold the policy alone: the first
+  /// ParamLayout::policy_count() parameters).
+  model::GptConfig trainer_shape() const;
 
   /// ok, or the first value out of range (with its key) and the
   /// combinations that cannot work (a context too short for the task's

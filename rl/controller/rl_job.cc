@@ -195,7 +195,8 @@ double denominator(const std::vector<trainer::WireSequence>& seqs, model::LossAg
 
 // One step's combined stats.
 struct StepResult {
-  double loss = 0, grad_norm = 0, learning_rate = 0, kl = 0, clip_fraction = 0;
+  double loss = 0, grad_norm = 0, learning_rate = 0, kl = 0, clip_fraction = 0, entropy = 0, value_loss = 0,
+         explained_variance = 0;
   size_t sequences = 0, tokens = 0;
   double compute_s = 0, allreduce_s = 0;
   bool trained = false;
@@ -231,6 +232,9 @@ Result<StepResult> train_ranks(const ActorMesh<TrainerRank>& trainers, std::vect
     out.loss += w * st->loss;
     out.kl += w * st->kl;
     out.clip_fraction += w * st->clip_fraction;
+    out.entropy += w * st->entropy;
+    out.value_loss += w * st->value_loss;
+    out.explained_variance += w * st->explained_variance;
     out.grad_norm = st->grad_norm;
     out.learning_rate = st->learning_rate;
     out.compute_s = std::max(out.compute_s, st->compute_seconds);
@@ -559,7 +563,7 @@ Result<JobResult> Job::run() {
        {"run_id", c_.run.name},
        {"mode", c_.run.mode == config::Mode::sync ? "sync" : "async"},
        {"placement", c_.run.placement == config::Placement::colocated ? "colocated" : "disaggregated"},
-       {"algorithm", "grpo"},
+       {"algorithm", json::parse(config::rl_config_json(c_))["algorithm"]["name"]},
        {"config", json::parse(config::rl_config_json(c_))}});
 
   size_t first_step = 0;
@@ -626,8 +630,11 @@ Result<JobResult> Job::run() {
     uint64_t staleness_max = 0;
     double staleness_sum = 0;
     size_t samples = 0, sample_tokens = 0;
+    const auto algorithm = c_.algorithm.name;
     for (auto& rec : taken->groups) {
-      auto adv = algo::group_advantages(rec.rewards, G, {.scale_by_std = c_.algorithm.normalize_std});
+      auto adv = algorithm == config::Algorithm::rloo
+                     ? algo::rloo_advantages(rec.rewards, G)
+                     : algo::group_advantages(rec.rewards, G, {.scale_by_std = c_.algorithm.normalize_std});
       if (!adv) return error(adv.error());
       for (size_t i = 0; i < rec.samples.size(); ++i) {
         const double r = rec.rewards[i];
@@ -638,8 +645,11 @@ Result<JobResult> Job::run() {
         const uint64_t st = step - std::min<uint64_t>(step, rec.samples[i].version_first);
         staleness_max = std::max(staleness_max, st);
         staleness_sum += static_cast<double>(st);
-        if ((*adv)[i] == 0.0 || rec.samples[i].tokens.empty()) continue;
-        seqs.push_back({rec.prompt, rec.samples[i].tokens, rec.samples[i].logprobs, (*adv)[i]});
+        if (rec.samples[i].tokens.empty()) continue;
+        // A critic learns from every sample; critic-free advantages of a
+        // group that scored all the same are zero (no signal).
+        if (algorithm != config::Algorithm::ppo && (*adv)[i] == 0.0) continue;
+        seqs.push_back({rec.prompt, rec.samples[i].tokens, rec.samples[i].logprobs, (*adv)[i], r});
       }
       gen_done = std::max(gen_done, rec.generated_at_s);
       scored = std::max(scored, rec.scored_at_s);
@@ -693,7 +703,11 @@ Result<JobResult> Job::run() {
                    {"learning_rate", st->learning_rate},
                    {"kl", st->kl},
                    {"clip_fraction", st->clip_fraction},
+                   {"entropy", st->entropy},
                    {"allreduce_s", st->allreduce_s}});
+      if (algorithm == config::Algorithm::ppo) {
+        line.update({{"value_loss", st->value_loss}, {"explained_variance", st->explained_variance}});
+      }
     }
     log(line);
     result.steps = step + 1 - first_step;

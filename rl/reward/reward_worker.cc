@@ -13,14 +13,20 @@ RewardWorker::RewardWorker(std::string config_toml) {
   config_ = std::move(*c);
 }
 
-std::vector<double> RewardWorker::handle(const Score& m) {
-  std::vector<double> out;
-  out.reserve(m.items.size());
+Deferred<std::vector<double>> RewardWorker::handle(const Score& m) {
+  auto reply = defer<std::vector<double>>();
+  std::vector<tasks::Judged> items;
+  items.reserve(m.items.size());
   for (const auto& item : m.items) {
-    const bool at_eos = item.stop == static_cast<uint8_t>(model::StopReason::stop_token);
-    out.push_back(tasks::task_reward(config_, item.reference, item.tokens, at_eos));
+    items.push_back({&item.reference, &item.tokens, item.stop == static_cast<uint8_t>(model::StopReason::stop_token)});
   }
-  return out;
+  auto rewards = tasks::task_rewards(config_, items);
+  if (rewards) {
+    reply.complete(std::move(*rewards));
+  } else {
+    reply.fail(Status(rewards.error().code(), "reward worker: " + rewards.error().message()));
+  }
+  return reply;
 }
 
 }  // namespace troupe::rl::reward

@@ -23,7 +23,8 @@ struct ScoreItem {
   TROUPE_FIELDS(reference, tokens, stop);
 };
 
-/// Judges the items; the reply has one reward per item, in order.
+/// Judges the items; the reply has one reward per item, in order, or why
+/// they could not be judged (a sandbox that cannot be made).
 struct Score {
   std::vector<ScoreItem> items;
   TROUPE_MESSAGE_NAMED(Score, "troupe.rl.Score", items);
@@ -35,7 +36,7 @@ class RewardWorker : public Actor<RewardWorker, Score> {
   /// A worker of the job configured by `config_toml` (rl_config.h).
   explicit RewardWorker(std::string config_toml);
 
-  std::vector<double> handle(const Score& m);
+  Deferred<std::vector<double>> handle(const Score& m);
 
  private:
   config::RlConfig config_;

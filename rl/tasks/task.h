@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -34,10 +35,20 @@ std::vector<train::TrainSequence> warmup_set(const config::RlConfig& config);
 /// BOS followed by the prompt's bytes.
 std::vector<int32_t> prompt_tokens(const std::string& prompt);
 
-/// The reward of a completion: `tokens` (the model's, ending with EOS when
-/// `stopped_at_eos`) judged against `reference`.
-double task_reward(const config::RlConfig& config, const std::string& reference, const std::vector<int32_t>& tokens,
-                   bool stopped_at_eos);
+/// One completion to judge: the model's tokens (ending with EOS when it
+/// stopped there) and the reference of its prompt.
+struct Judged {
+  const std::string* reference;
+  const std::vector<int32_t>* tokens;
+  bool stopped_at_eos;
+};
+
+/// The rewards of `items`, in order: arithmetic, 1 for exactly the answer
+/// ended by EOS; code, the fraction of the hidden tests the expression
+/// passes, run in sandboxes (config.reward.sandboxes at once). Errors: a
+/// sandbox that cannot be made (why, and what to do), a reference that is
+/// not the task's.
+Result<std::vector<double>> task_rewards(const config::RlConfig& config, std::span<const Judged> items);
 
 /// The sampling seed of RL group `index`.
 uint64_t group_seed(const config::RlConfig& config, uint64_t index);

@@ -5,8 +5,11 @@ namespace troupe::rl::train {
 PolicyTrainer::PolicyTrainer(model::Gpt<float> model, const model::AdamWConfig& optim)
     : model_(std::move(model)), adamw_(model_.layout(), optim) {}
 
-Status PolicyTrainer::forward_logprobs(const TrainBatch& batch) {
-  if (Status s = model_.forward(batch.tokens.data(), batch.targets.data(), batch.B, batch.T); !s.ok()) return s;
+Status PolicyTrainer::forward_logprobs(const TrainBatch& batch, bool entropy) {
+  if (Status s = model_.forward(batch.tokens.data(), batch.targets.data(), batch.B, batch.T, {.entropy = entropy});
+      !s.ok()) {
+    return s;
+  }
   const size_t n = batch.B * batch.T;
   logprobs_.resize(n);
   dlogprobs_.resize(n);
@@ -51,15 +54,80 @@ Result<StepStats> PolicyTrainer::policy_gradients(const TrainBatch& batch, const
   return st;
 }
 
-StepStats PolicyTrainer::backward(const TrainBatch& batch, double loss, double grad_scale) {
+Result<StepStats> PolicyTrainer::ppo_gradients(const TrainBatch& batch, std::span<const double> rewards,
+                                               const model::PolicyLossConfig& config, const PpoConfig& ppo,
+                                               const float* ref_logprobs, double grad_scale) {
+  if (!model_.config().value_head) {
+    return error(ErrorCode::invalid_argument, "ppo: the model has no value head (GptConfig::value_head)");
+  }
+  if (rewards.size() != batch.B) {
+    return error(ErrorCode::invalid_argument, "ppo: " + std::to_string(rewards.size()) + " rewards for " +
+                                                  std::to_string(batch.B) + " sequences");
+  }
+  const bool entropy = config.entropy_coef > 0;
+  if (Status s = forward_logprobs(batch, entropy); !s.ok()) return error(s);
+  const size_t B = batch.B, T = batch.T, n = B * T;
+  // The outcome reward on each sequence's last completion token.
+  rewards_.assign(n, 0.0f);
+  for (size_t b = 0; b < B; ++b) {
+    for (size_t t = T; t-- > 0;) {
+      if (batch.mask[b * T + t] != 0) {
+        rewards_[b * T + t] = static_cast<float>(rewards[b]);
+        break;
+      }
+    }
+  }
+  old_values_.assign(model_.values(), model_.values() + n);
+  advantages_.resize(n);
+  returns_.resize(n);
+  if (Status s = algo::gae(rewards_.data(), old_values_.data(), batch.mask.data(), B, T, ppo.gae, advantages_.data(),
+                           returns_.data());
+      !s.ok()) {
+    return error(s);
+  }
+  model::PolicyLossInputs<float> in{.B = B,
+                                    .T = T,
+                                    .logprobs = logprobs_.data(),
+                                    .old_logprobs = batch.old_logprobs.data(),
+                                    .ref_logprobs = ref_logprobs,
+                                    .advantages = advantages_.data(),
+                                    .mask = batch.mask.data(),
+                                    .entropies = entropy ? model_.entropies() : nullptr};
+  dentropy_.assign(n, 0.0f);
+  auto pg = model::policy_gradient_loss(in, config, dlogprobs_.data(), entropy ? dentropy_.data() : nullptr);
+  if (!pg) return error(pg.error());
+  dvalues_.resize(n);
+  model::ValueLossInputs<float> vin{.B = B,
+                                    .T = T,
+                                    .values = model_.values(),
+                                    .old_values = old_values_.data(),
+                                    .returns = returns_.data(),
+                                    .mask = batch.mask.data()};
+  auto vl = model::value_loss(vin, ppo.value, dvalues_.data());
+  if (!vl) return error(vl.error());
+  for (float& d : dvalues_) d *= static_cast<float>(ppo.value_coef);
+  StepStats st = backward(batch, pg->loss + ppo.value_coef * vl->loss, grad_scale, dvalues_.data(),
+                          entropy ? dentropy_.data() : nullptr);
+  st.policy = *pg;
+  st.value = *vl;
+  return st;
+}
+
+StepStats PolicyTrainer::backward(const TrainBatch& batch, double loss, double grad_scale, float* dvalues,
+                                  float* dentropy) {
   const size_t n = batch.B * batch.T;
   dlosses_.resize(n);
   if (grad_scale != 1.0) {
-    for (size_t i = 0; i < n; ++i) dlogprobs_[i] *= static_cast<float>(grad_scale);
+    const auto g = static_cast<float>(grad_scale);
+    for (size_t i = 0; i < n; ++i) dlogprobs_[i] *= g;
+    for (float* d : {dvalues, dentropy}) {
+      if (d == nullptr) continue;
+      for (size_t i = 0; i < n; ++i) d[i] *= g;
+    }
   }
   model::to_model_dlosses(dlosses_.data(), dlogprobs_.data(), n);
   model_.zero_grad();
-  model_.backward(dlosses_.data());
+  model_.backward(dlosses_.data(), dvalues, dentropy);
   StepStats st;
   st.loss = loss;
   st.completion_tokens = batch.completion_tokens;

@@ -5,9 +5,11 @@
 #pragma once
 
 #include <cstddef>
+#include <span>
 
 #include "model/adamw.h"
 #include "model/gpt.h"
+#include "algo/gae.h"
 #include "model/losses.h"
 #include "train/batch.h"
 #include "troupe/status.h"
@@ -24,6 +26,16 @@ struct StepStats {
   size_t completion_tokens = 0;
   /// The policy loss's parts (policy steps only).
   model::PolicyLossStats policy;
+  /// The critic's loss (PPO steps only).
+  model::ValueLossStats value;
+};
+
+/// PPO's settings beyond the policy loss's.
+struct PpoConfig {
+  algo::GaeConfig gae;
+  model::ValueLossConfig value;
+  /// Weight of the value loss in the total.
+  double value_coef = 0.5;
 };
 
 /// A model and its optimizer. Not thread-safe.
@@ -60,6 +72,16 @@ class PolicyTrainer {
   /// times `grad_scale`, in model().grads().
   Result<StepStats> policy_gradients(const TrainBatch& batch, const model::PolicyLossConfig& config,
                                      const float* ref_logprobs = nullptr, double grad_scale = 1.0);
+  /// PPO (one epoch on fresh samples, as on-policy RL post-training
+  /// runs it): the model must have a value head. One forward gives the
+  /// policy's log-probabilities, its entropies and the critic's values; GAE
+  /// over each sequence (its outcome `rewards[b]` on its last completion
+  /// token) gives per-token advantages and returns; the gradient is that of
+  /// the policy loss plus value_coef times the value loss (the values of
+  /// this same forward are the old values), times `grad_scale`.
+  Result<StepStats> ppo_gradients(const TrainBatch& batch, std::span<const double> rewards,
+                                  const model::PolicyLossConfig& config, const PpoConfig& ppo,
+                                  const float* ref_logprobs = nullptr, double grad_scale = 1.0);
   /// Zero gradients: a rank with no share of a batch still takes part in
   /// the sum.
   void zero_gradients() { model_.zero_grad(); }
@@ -69,13 +91,16 @@ class PolicyTrainer {
 
  private:
   // The model's forward on the batch, its log-probabilities in logprobs_.
-  Status forward_logprobs(const TrainBatch& batch);
-  // Backward of d loss / d logprobs (times grad_scale) into the gradients.
-  StepStats backward(const TrainBatch& batch, double loss, double grad_scale);
+  Status forward_logprobs(const TrainBatch& batch, bool entropy = false);
+  // Backward of d loss / d logprobs (and d loss / d values and entropies,
+  // when given) times grad_scale into the gradients.
+  StepStats backward(const TrainBatch& batch, double loss, double grad_scale, float* dvalues = nullptr,
+                     float* dentropy = nullptr);
 
   model::Gpt<float> model_;
   model::AdamW adamw_;
-  std::vector<float> logprobs_, dlogprobs_, dlosses_;
+  std::vector<float> logprobs_, dlogprobs_, dlosses_, dentropy_, dvalues_, rewards_, advantages_, returns_,
+      old_values_;
 };
 
 }  // namespace troupe::rl::train

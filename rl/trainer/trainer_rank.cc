@@ -26,14 +26,16 @@ config::RlConfig parse_or_throw(const std::string& text) {
 }
 
 model::Gpt<float> initial_model(const config::RlConfig& c) {
-  auto gpt = model::Gpt<float>::make(c.model.shape);
+  auto gpt = model::Gpt<float>::make(c.trainer_shape());
   if (!gpt) throw std::runtime_error("trainer: " + gpt.error().message());
+  gpt->init_random(c.run.seed);  // a value head starts at zero
   if (c.model.init == config::ModelInit::checkpoint) {
-    if (Status s = model::load_model(c.model.checkpoint, gpt->layout(), gpt->params()); !s.ok()) {
+    // A policy's checkpoint: its tensors fill the policy part of the
+    // layout (a critic's head keeps its zeros).
+    auto policy = model::ParamLayout::make(c.model.shape);
+    if (Status s = model::load_model(c.model.checkpoint, *policy, gpt->params()); !s.ok()) {
       throw std::runtime_error("trainer: " + s.message());
     }
-  } else {
-    gpt->init_random(c.run.seed);
   }
   return std::move(*gpt);
 }
@@ -94,7 +96,17 @@ Deferred<RankStepStats> TrainerRank::handle(const TrainStep& m) {
         for (size_t i = 0; i < ref_logprobs_.size(); ++i) ref_logprobs_[i] = -reference_->losses()[i];
         ref = ref_logprobs_.data();
       }
-      r = trainer_->policy_gradients(*batch, config_.algorithm.loss, ref, m.grad_scale);
+      if (config_.algorithm.name == config::Algorithm::ppo) {
+        std::vector<double> rewards;
+        for (const auto& w : m.sequences) rewards.push_back(w.reward);
+        const auto& a = config_.algorithm;
+        train::PpoConfig ppo{.gae = {.gamma = a.gamma, .lambda = a.lambda},
+                             .value = {.value_clip = a.value_clip, .aggregation = a.loss.aggregation},
+                             .value_coef = a.value_coef};
+        r = trainer_->ppo_gradients(*batch, rewards, a.loss, ppo, ref, m.grad_scale);
+      } else {
+        r = trainer_->policy_gradients(*batch, config_.algorithm.loss, ref, m.grad_scale);
+      }
     }
     if (!r) {
       reply.fail(r.error());
@@ -108,6 +120,9 @@ Deferred<RankStepStats> TrainerRank::handle(const TrainStep& m) {
   out.clip_fraction = st.policy.clip_fraction;
   out.ratio_mean = st.policy.ratio_mean;
   out.kl = st.policy.kl;
+  out.entropy = st.policy.entropy;
+  out.value_loss = st.value.loss;
+  out.explained_variance = st.value.explained_variance;
   out.compute_seconds = seconds_since(start);
 
   auto finish = [this, reply, out, st](Clock::time_point reduce_start) mutable {
@@ -143,7 +158,7 @@ Deferred<RankStepStats> TrainerRank::handle(const TrainStep& m) {
 
 PublishedWeights TrainerRank::handle(const PublishWeights& m) {
   const auto& gpt = trainer_->model();
-  const size_t n = gpt.layout().total();
+  const size_t n = gpt.layout().policy_count();
   if (!published_.handle()) {
     auto reg = allocate_buffer(n * sizeof(float));
     if (!reg) fail("trainer: cannot register the published weights: " + reg.error().message());

@@ -33,8 +33,11 @@ struct WireSequence {
   /// The sampling policy's log-probability of each completion token (empty
   /// for supervised data).
   std::vector<float> logprobs;
+  /// Its advantage (GRPO, RLOO), or its outcome reward (PPO: the rank
+  /// makes per-token advantages with its critic).
   double advantage = 0;
-  TROUPE_FIELDS(prompt, completion, logprobs, advantage);
+  double reward = 0;
+  TROUPE_FIELDS(prompt, completion, logprobs, advantage, reward);
 };
 
 /// What one rank's step did (its share; the driver combines the ranks').
@@ -45,11 +48,13 @@ struct RankStepStats {
   double grad_norm = 0;
   double learning_rate = 0;
   uint64_t completion_tokens = 0;
-  double clip_fraction = 0, ratio_mean = 0, kl = 0;
+  double clip_fraction = 0, ratio_mean = 0, kl = 0, entropy = 0;
+  /// PPO's critic: its loss and explained variance.
+  double value_loss = 0, explained_variance = 0;
   /// Seconds computing the gradient, and in the allreduce.
   double compute_seconds = 0, allreduce_seconds = 0;
-  TROUPE_FIELDS(loss, grad_norm, learning_rate, completion_tokens, clip_fraction, ratio_mean, kl, compute_seconds,
-                allreduce_seconds);
+  TROUPE_FIELDS(loss, grad_norm, learning_rate, completion_tokens, clip_fraction, ratio_mean, kl, entropy, value_loss,
+                explained_variance, compute_seconds, allreduce_seconds);
 };
 
 /// Joins the rank to its collective group (sent once per group).
@@ -70,8 +75,9 @@ struct TrainStep {
   TROUPE_MESSAGE_NAMED(TrainStep, "troupe.rl.TrainStep", supervised, sequences, grad_scale);
 };
 
-/// The weights for readers elsewhere: a registered copy of the
-/// parameters, valid until the next PublishWeights to this rank.
+/// The weights for readers elsewhere: a registered copy of the policy's
+/// parameters (a PPO critic's head is not published), valid until the
+/// next PublishWeights to this rank.
 struct PublishedWeights {
   RemoteBuffer buffer;
   uint64_t version = 0;
