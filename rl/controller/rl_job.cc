@@ -703,11 +703,11 @@ Result<JobResult> Job::run() {
                    {"learning_rate", st->learning_rate},
                    {"kl", st->kl},
                    {"clip_fraction", st->clip_fraction},
-                   {"entropy", st->entropy},
                    {"allreduce_s", st->allreduce_s}});
       if (algorithm == config::Algorithm::ppo) {
         line.update({{"value_loss", st->value_loss}, {"explained_variance", st->explained_variance}});
       }
+      if (c_.algorithm.loss.entropy_coef > 0) line["entropy"] = st->entropy;  // computed only then
     }
     log(line);
     result.steps = step + 1 - first_step;

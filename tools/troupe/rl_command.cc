@@ -45,6 +45,7 @@ int train(const RlCommand& cmd) {
 
   InitOptions init;
   init.address = cmd.address;
+  init.runtime.transport = cmd.transport;
   // An embedded cluster offers what the job reserves, whatever the cores
   // (its processes then share them).
   const double cpus = static_cast<double>(
@@ -85,6 +86,9 @@ RlCommand add_rl_commands(CLI::App& app) {
   cmd.train->add_option("--address", cmd.address, "A running cluster's head (HOST:PORT); default: an embedded one");
   cmd.train->add_option("--run-dir", cmd.run_dir, "Where metrics and checkpoints go (default runs/NAME-TIME)");
   cmd.train->add_flag("--resume", cmd.resume, "Continue the run in --run-dir from its latest checkpoint");
+  cmd.train->add_option("--transport", cmd.transport,
+                        "The embedded cluster's transport: tcp, or ucx (shared memory, one-sided weight reads)")
+      ->check(CLI::IsMember({"tcp", "ucx"}));
   cmd.report = cmd.rl->add_subcommand("report", "Write RUN_DIR/report.html from a run's metrics");
   cmd.report->add_option("run_dir", cmd.run_dir, "The run's directory")->required();
   return cmd;

@@ -1,6 +1,6 @@
 // `troupe rl ...`: the RL job from the command line.
 //
-//   troupe rl train CONFIG.toml [--address HOST:PORT] [--run-dir DIR] [--resume]
+//   troupe rl train CONFIG.toml [--address HOST:PORT] [--run-dir DIR] [--resume] [--transport tcp|ucx]
 //   troupe rl report RUN_DIR
 #pragma once
 
@@ -15,7 +15,7 @@ struct RlCommand {
   CLI::App* rl = nullptr;
   CLI::App* train = nullptr;
   CLI::App* report = nullptr;
-  std::string config_path, address, run_dir;
+  std::string config_path, address, run_dir, transport = "tcp";
   bool resume = false;
 };
 

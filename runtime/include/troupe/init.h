@@ -33,7 +33,8 @@ struct InitOptions {
   ResourceMap resources{};
   Labels labels{};
   /// The driver's runtime (it listens on 127.0.0.1, any port, unless told
-  /// otherwise: the cluster watches it to stop the actors it owns).
+  /// otherwise: the cluster watches it to stop the actors it owns). An
+  /// embedded cluster speaks its `transport` ("tcp" or "ucx").
   RuntimeConfig runtime{};
   /// The log level of the embedded cluster (and of its workers) when
   /// TROUPE_LOG_LEVEL does not say.

@@ -126,7 +126,9 @@ Result<std::unique_ptr<Session>> init(InitOptions options) {
                      ("troupe-embedded-" + std::to_string(getpid()) + "-" +
                       std::to_string(std::chrono::steady_clock::now().time_since_epoch().count()));
     cluster::HeadOptions head;
-    head.listen = "tcp://127.0.0.1:0";
+    // The embedded cluster speaks the driver's transport (tcp, or ucx:
+    // shared memory and one-sided remote-buffer reads between its processes).
+    head.listen = options.runtime.transport + "://127.0.0.1:0";
     head.data_dir = impl->data_dir / "head";
     auto head_address = impl->head.start(
         [head](const cluster::ReadyFn& ready, const cluster::WaitFn& wait) { return cluster::run_head(head, ready, wait); },
@@ -136,6 +138,7 @@ Result<std::unique_ptr<Session>> init(InitOptions options) {
     }
     cluster::AgentOptions agent;
     agent.head = *head_address;
+    agent.listen = options.runtime.transport + "://127.0.0.1:0";
     agent.node_id = "local-" + std::to_string(getpid());
     agent.resources = cluster::detect_resources(options.resources);
     agent.labels = options.labels;
@@ -152,7 +155,7 @@ Result<std::unique_ptr<Session>> init(InitOptions options) {
     address = *head_address;
   }
   RuntimeConfig cfg = options.runtime;
-  if (cfg.listen.empty()) cfg.listen = "tcp://127.0.0.1:0";
+  if (cfg.listen.empty()) cfg.listen = cfg.transport + "://127.0.0.1:0";
   auto scheme = address.find("://");
   if (scheme != std::string::npos) cfg.transport = address.substr(0, scheme);
   impl->rt = std::make_unique<Runtime>(cfg);
