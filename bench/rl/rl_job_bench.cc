@@ -242,7 +242,7 @@ int main(int argc, char** argv) {
     emit("rl_job", name + " step split train", n.train / steps, "s", "-", 0, "report");
     emit("rl_job", name + " step split sync", n.sync / steps, "s", "-", 0, "report");
     emit("rl_job", name + " step split wait", n.wait / steps, "s", "-", 0, "report");
-    emit("rl_job", name + " held-out accuracy gained per minute of RL", 60 * (n.final_acc - n.first_acc) / n.rl_s,
+    emit("rl_job", name + " held-out accuracy gained per minute of RL", 6000 * (n.final_acc - n.first_acc) / n.rl_s,
          "points/min", "-", 0, "report");
   }
   emit("rl_job", "async speed-up (RL wall time, same steps)", sync.rl_s / async.rl_s, "x", "sync", 1.0,
