@@ -202,13 +202,21 @@ struct StepResult {
   bool trained = false;
 };
 
+// What each rank of a step did.
+struct RankOutcomes {
+  StepResult combined;  // over the ranks that succeeded
+  std::vector<size_t> ok_ranks;
+  std::vector<std::pair<size_t, Status>> failed;
+};
+
 // Splits `seqs` over the ranks (round robin) and takes one step on each;
 // every rank gets a TrainStep, even an empty one (the allreduce needs it).
-Result<StepResult> train_ranks(const ActorMesh<TrainerRank>& trainers, std::vector<trainer::WireSequence> seqs,
-                               bool supervised, model::LossAggregation agg, std::chrono::milliseconds timeout) {
+RankOutcomes train_ranks(const ActorMesh<TrainerRank>& trainers, std::vector<trainer::WireSequence> seqs,
+                         bool supervised, model::LossAggregation agg, std::chrono::milliseconds timeout) {
   const size_t R = trainers.size();
   std::vector<std::vector<trainer::WireSequence>> shards(R);
-  StepResult out;
+  RankOutcomes o;
+  StepResult& out = o.combined;
   out.sequences = seqs.size();
   for (size_t i = 0; i < seqs.size(); ++i) {
     out.tokens += seqs[i].completion.size();
@@ -216,19 +224,25 @@ Result<StepResult> train_ranks(const ActorMesh<TrainerRank>& trainers, std::vect
   }
   std::vector<double> den(R);
   double total = 0;
-  for (size_t r = 0; r < R; ++r) total += den[r] = denominator(shards[r], supervised ? model::LossAggregation::token_mean : agg);
-  if (total == 0) return out;  // nothing to learn from: no step (an empty step would still decay the weights)
+  for (size_t r = 0; r < R; ++r) {
+    total += den[r] = denominator(shards[r], supervised ? model::LossAggregation::token_mean : agg);
+  }
+  if (total == 0) return o;  // nothing to learn from: no step (an empty step would still decay the weights)
   std::vector<Future<trainer::RankStepStats>> futures;
   for (size_t r = 0; r < R; ++r) {
     futures.push_back(trainers.member(r).ask(trainer::TrainStep{supervised, std::move(shards[r]), den[r] / total},
                                              timeout));
   }
+  double ok_weight = 0;
   for (size_t r = 0; r < R; ++r) {
     auto st = futures[r].get();
     if (!st) {
-      return error(st.error().code(), "trainer rank " + std::to_string(r) + ": " + st.error().message());
+      o.failed.emplace_back(r, st.error());
+      continue;
     }
+    o.ok_ranks.push_back(r);
     const double w = den[r] / total;
+    ok_weight += w;
     out.loss += w * st->loss;
     out.kl += w * st->kl;
     out.clip_fraction += w * st->clip_fraction;
@@ -240,8 +254,14 @@ Result<StepResult> train_ranks(const ActorMesh<TrainerRank>& trainers, std::vect
     out.compute_s = std::max(out.compute_s, st->compute_seconds);
     out.allreduce_s = std::max(out.allreduce_s, st->allreduce_seconds);
   }
-  out.trained = true;
-  return out;
+  if (ok_weight > 0 && ok_weight < 1) {
+    // Some ranks failed: the stats are those of the others, reweighted.
+    for (double* v : {&out.loss, &out.kl, &out.clip_fraction, &out.entropy, &out.value_loss, &out.explained_variance}) {
+      *v /= ok_weight;
+    }
+  }
+  out.trained = !o.ok_ranks.empty();
+  return o;
 }
 
 std::string fixed(double v, int digits) {
@@ -284,6 +304,10 @@ class Job {
   }
 
   Status warmup();
+  // One step on the trainer mesh, recovering from a lost rank (see the
+  // file comment of rl_job.h).
+  Result<StepResult> train_step(const std::vector<trainer::WireSequence>& seqs, bool supervised);
+  Status recover_trainers(const std::vector<size_t>& ok_ranks);
   Status publish_and_sync(uint64_t version, json& timing);
   Status sync_engine(size_t engine);
   Result<double> evaluate(uint64_t version);
@@ -312,7 +336,130 @@ class Job {
   std::vector<tasks::TaskPrompt> eval_set_;
   // Engines to sync again once they are back (they restarted).
   std::set<size_t> resync_;
+  // Each trainer rank's restarts as last seen (a rank whose count grew has
+  // lost its state), and whether the ranks are past the warm-up.
+  std::vector<uint32_t> trainer_restarts_;
+  bool rl_phase_ = false;
+  friend class Probe;
 };
+
+// The test hook's view of a job.
+class Probe : public JobProbe {
+ public:
+  explicit Probe(const Job& job) : job_(job) {}
+  std::vector<int64_t> trainer_pids() const override {
+    std::vector<int64_t> out;
+    for (const auto& i : infos()) out.push_back(i.pid);
+    return out;
+  }
+  std::vector<int64_t> engine_pids() const override {
+    std::vector<int64_t> out;
+    const auto& engines = *job_.meshes_.engines;
+    for (size_t e = 0; e < engines.size(); ++e) {
+      auto r = engines.member(e).ask(rollout::GetEngineReport{}, job_.timeout_).get();
+      out.push_back(r ? r->pid : -1);
+    }
+    return out;
+  }
+  std::vector<uint64_t> trainer_checksums() const override {
+    std::vector<uint64_t> out;
+    for (const auto& i : infos()) out.push_back(i.checksum);
+    return out;
+  }
+
+ private:
+  std::vector<trainer::TrainerInfo> infos() const {
+    std::vector<trainer::TrainerInfo> out;
+    const auto& trainers = *job_.meshes_.trainers;
+    for (size_t r = 0; r < trainers.size(); ++r) {
+      auto i = trainers.member(r).ask(trainer::GetTrainerInfo{}, job_.timeout_).get();
+      out.push_back(i ? *i : trainer::TrainerInfo{.pid = -1});
+    }
+    return out;
+  }
+  const Job& job_;
+};
+
+Result<StepResult> Job::train_step(const std::vector<trainer::WireSequence>& seqs, bool supervised) {
+  for (int attempt = 0;; ++attempt) {
+    auto out = train_ranks(*meshes_.trainers, seqs, supervised, c_.algorithm.loss.aggregation, timeout_);
+    if (out.failed.empty()) return out.combined;
+    std::string why;
+    for (const auto& [r, st] : out.failed) {
+      why += (why.empty() ? "" : "; ") + std::string("trainer rank ") + std::to_string(r) + ": " + st.message();
+    }
+    if (attempt == 2) return error(out.failed[0].second.code(), why);
+    const auto start = Clock::now();
+    if (Status s = recover_trainers(out.ok_ranks); !s.ok()) {
+      return error(s.code(), why + "; recovery failed: " + s.message());
+    }
+    if (!out.ok_ranks.empty()) {
+      // A rank applied the step before another was lost: the step stands,
+      // and every rank now has that rank's state.
+      fault(why, "kept the step (rank " + std::to_string(out.ok_ranks[0]) +
+                     " had applied it); every rank took its state; new collective group",
+            seconds_since(start));
+      return out.combined;
+    }
+    fault(why, "every rank took a survivor's state; new collective group; step redone", seconds_since(start));
+  }
+}
+
+Status Job::recover_trainers(const std::vector<size_t>& ok_ranks) {
+  const auto& T = *meshes_.trainers;
+  const size_t R = T.size();
+  // Each rank's state: the ask waits for a restarting rank to be back.
+  std::vector<trainer::TrainerInfo> infos(R);
+  for (size_t r = 0; r < R; ++r) {
+    auto i = T.member(r).ask(trainer::GetTrainerInfo{}, timeout_).get();
+    if (!i) return Status(i.error().code(), "trainer rank " + std::to_string(r) + " is not back: " + i.error().message());
+    infos[r] = *i;
+  }
+  // The state to copy: a rank that applied the step, else a rank that did
+  // not restart (all of those are at the state before the step).
+  std::optional<size_t> source;
+  if (!ok_ranks.empty()) source = ok_ranks[0];
+  for (size_t r = 0; r < R && !source; ++r) {
+    if (infos[r].restarts == trainer_restarts_[r]) source = r;
+  }
+  for (size_t r = 0; r < R; ++r) trainer_restarts_[r] = infos[r].restarts;
+  if (!source) {
+    return Status(ErrorCode::peer_lost, "every trainer rank restarted: no state to copy (resume from the last "
+                                        "checkpoint with --resume)");
+  }
+  auto handles = T.member(*source).ask(trainer::ExportTrainerState{}, timeout_).get();
+  if (!handles) return Status(handles.error().code(), "exporting rank " + std::to_string(*source) + "'s state: " +
+                                                          handles.error().message());
+  std::vector<std::pair<size_t, Future<uint64_t>>> imports;
+  for (size_t r = 0; r < R; ++r) {
+    if (r != *source) imports.emplace_back(r, T.member(r).ask(trainer::ImportTrainerState{*handles, rl_phase_}, timeout_));
+  }
+  for (auto& [r, f] : imports) {
+    auto done = f.get();
+    if (!done) return Status(done.error().code(), "rank " + std::to_string(r) + " taking the state: " + done.error().message());
+  }
+  if (R > 1) {
+    auto groups = T.make_group();
+    if (!groups) return Status(groups.error().code(), "a new collective group: " + groups.error().message());
+    for (size_t r = 0; r < R; ++r) {
+      auto joined = T.member(r).ask(trainer::JoinTrainerGroup{(*groups)[r]}, timeout_).get();
+      if (!joined) return Status(joined.error().code(), "rank " + std::to_string(r) + " joining: " + joined.error().message());
+    }
+  }
+  // The replicas agree again, bit for bit.
+  uint64_t want = 0;
+  for (size_t r = 0; r < R; ++r) {
+    auto i = T.member(r).ask(trainer::GetTrainerInfo{}, timeout_).get();
+    if (!i) return i.error();
+    if (r == 0) want = i->checksum;
+    if (i->checksum != want) {
+      return Status(ErrorCode::invalid_argument, "after the state copy, rank " + std::to_string(r) +
+                                                     "'s weights differ from rank 0's");
+    }
+  }
+  return {};
+}
+
 
 Status Job::warmup() {
   auto set = tasks::warmup_set(c_);
@@ -326,8 +473,10 @@ Status Job::warmup() {
       s.prompt = src.prompt;
       s.completion = src.completion;
     }
-    auto st = train_ranks(*meshes_.trainers, std::move(seqs), true, model::LossAggregation::token_mean, timeout_);
-    if (!st) return Status(st.error().code(), "warm-up step " + std::to_string(step) + ": " + st.error().message());
+    auto st = train_step(seqs, true);
+    if (!st) {
+      return Status(st.error().code(), "warm-up step " + std::to_string(step) + ": " + st.error().message());
+    }
     last_loss = st->loss;
     if (step % 250 == 0 || step == c_.warmup.steps) {
       say("warm-up " + std::to_string(step) + "/" + std::to_string(c_.warmup.steps) + "  loss " + fixed(last_loss, 3) +
@@ -339,6 +488,7 @@ Status Job::warmup() {
     auto ok = meshes_.trainers->member(r).ask(trainer::StartRlPhase{}, timeout_).get();
     if (!ok) return ok.error();
   }
+  rl_phase_ = true;
   return {};
 }
 
@@ -383,11 +533,11 @@ Status Job::handle_faults() {
     const auto& f = e.failure;
     std::string what = e.mesh + " member " + std::to_string(f.rank) + " failed: " + f.reason;
     if (!f.restarting) return Status(ErrorCode::peer_lost, what + "; it is not restarting");
-    if (e.mesh == "trainer") {
-      return Status(ErrorCode::peer_lost, what + "; resume the run from its last checkpoint (--resume)");
-    }
     if (e.mesh == "rollout") resync_.insert(f.rank);
-    fault(what, e.mesh == "rollout" ? "its groups requeued; it restarts and is synced again" : "its groups requeued; it restarts", 0);
+    const char* action = e.mesh == "rollout"   ? "its groups requeued; it restarts and is synced again"
+                         : e.mesh == "trainer" ? "it restarts; the step takes a survivor's state"
+                                               : "its groups scored elsewhere or requeued; it restarts";
+    fault(what, action, 0);
   }
   if (!published_) return {};
   for (auto it = resync_.begin(); it != resync_.end();) {
@@ -566,8 +716,15 @@ Result<JobResult> Job::run() {
        {"algorithm", json::parse(config::rl_config_json(c_))["algorithm"]["name"]},
        {"config", json::parse(config::rl_config_json(c_))}});
 
+  for (size_t r = 0; r < meshes_.trainers->size(); ++r) {
+    auto i = meshes_.trainers->member(r).ask(trainer::GetTrainerInfo{}, timeout_).get();
+    if (!i) return error(i.error());
+    trainer_restarts_.push_back(i->restarts);
+  }
+  rl_phase_ = c_.model.init != config::ModelInit::warmup || c_.warmup.steps == 0;
   size_t first_step = 0;
   if (options_.resume) {
+    rl_phase_ = true;
     auto s = resume();
     if (!s) return error(s.error());
     first_step = *s;
@@ -657,7 +814,7 @@ Result<JobResult> Job::run() {
     }
     while (consumed_.count(consumed_low_)) consumed_.erase(consumed_low_++);
     const auto train_start = Clock::now();
-    auto st = train_ranks(*meshes_.trainers, std::move(seqs), false, c_.algorithm.loss.aggregation, timeout_);
+    auto st = train_step(seqs, false);
     if (!st) {
       return error(st.error().code(), "rl job: step " + std::to_string(step) + ": " + st.error().message() +
                                           " (resume from the last checkpoint with --resume)");
@@ -732,7 +889,7 @@ Result<JobResult> Job::run() {
       if (Status s = checkpoint(step + 1); !s.ok()) say("warning: " + s.message() + " (training goes on)");
     }
     step_ = step + 1;
-    if (options_.after_step) options_.after_step(step + 1);
+    if (options_.after_step) options_.after_step(step + 1, Probe(*this));
   }
   result.wall_seconds = now_s();
   result.faults = faults_;

@@ -16,7 +16,11 @@
 // Faults: a group whose engine or reward worker is lost is requeued (it is
 // trained on once: groups are keyed by index); the engine restarts (the
 // meshes' processes restart without limit) and is synced again before it
-// generates. Every fault is a line of the metrics with what it cost.
+// generates. A trainer rank lost during a step: once it is back, every
+// rank takes a survivor's state (one-sided reads of its weights and
+// optimizer), the ranks make a new collective group, and the step is redone
+// (or kept, when a survivor had applied it). Every fault is a line of the
+// metrics with what it cost.
 #pragma once
 
 #include <cstddef>
@@ -32,6 +36,18 @@
 
 namespace troupe::rl::controller {
 
+/// What a test may look at between steps (JobOptions::after_step).
+class JobProbe {
+ public:
+  virtual ~JobProbe() = default;
+  /// The process ids of the trainer ranks and of the rollout engines, in
+  /// rank order (asks to the meshes: they wait for restarting members).
+  virtual std::vector<int64_t> trainer_pids() const = 0;
+  virtual std::vector<int64_t> engine_pids() const = 0;
+  /// Each trainer rank's parameter checksum (equal when the replicas agree).
+  virtual std::vector<uint64_t> trainer_checksums() const = 0;
+};
+
 /// How to run a job.
 struct JobOptions {
   /// Where the metrics, checkpoints and report go (created if missing).
@@ -42,7 +58,7 @@ struct JobOptions {
   std::function<void(const std::string&)> progress;
   /// Called in the driver's thread after each step with its number (tests
   /// use it to inject faults); never in normal runs.
-  std::function<void(size_t step)> after_step;
+  std::function<void(size_t step, const JobProbe& probe)> after_step;
 };
 
 /// What a job did.

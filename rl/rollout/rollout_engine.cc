@@ -4,6 +4,8 @@
 #include <chrono>
 #include <stdexcept>
 
+#include <unistd.h>
+
 #include "model/generate.h"
 #include "model/threads.h"
 
@@ -247,6 +249,7 @@ EngineReport RolloutEngine::handle(const GetEngineReport&) {
   r.version = version_;
   r.live = static_cast<uint32_t>(live_.size());
   r.queued = static_cast<uint32_t>(queued_.size());
+  r.pid = static_cast<int64_t>(::getpid());
   return r;
 }
 

@@ -106,7 +106,8 @@ struct EngineReport {
   uint64_t tokens_generated = 0, decode_steps = 0;
   /// Seconds spent in decode steps since the engine started.
   double busy_seconds = 0;
-  TROUPE_FIELDS(version, live, queued, tokens_generated, decode_steps, busy_seconds);
+  int64_t pid = 0;
+  TROUPE_FIELDS(version, live, queued, tokens_generated, decode_steps, busy_seconds, pid);
 };
 struct GetEngineReport {
   TROUPE_MESSAGE_NAMED(GetEngineReport, "troupe.rl.GetEngineReport");

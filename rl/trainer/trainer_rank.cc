@@ -5,6 +5,8 @@
 #include <span>
 #include <stdexcept>
 
+#include <unistd.h>
+
 #include "model/safetensors.h"
 #include "model/threads.h"
 #include "model/tokenizer.h"
@@ -241,10 +243,15 @@ Deferred<uint64_t> TrainerRank::handle(const ImportTrainerState& m) {
   in->m.resize(n);
   in->v.resize(n);
   const uint64_t steps = m.from.optimizer_steps;
-  auto done = [this, in, reply, steps](Result<void> r) mutable {
+  const bool rl_phase = m.rl_phase;
+  auto done = [this, in, reply, steps, rl_phase](Result<void> r) mutable {
     if (!r && in->failed.ok()) in->failed = r.error();
     if (--in->left > 0) return;
     if (!in->failed.ok()) return reply.fail(Status(in->failed.code(), "trainer: state copy: " + in->failed.message()));
+    if (rl_phase) {
+      model::Gpt<float> weights = std::move(trainer_->model());
+      trainer_.emplace(std::move(weights), config_.algorithm.optim);
+    }
     std::memcpy(trainer_->model().params(), in->params.data(), in->params.size() * sizeof(float));
     if (Status s = trainer_->optimizer().restore(std::move(in->m), std::move(in->v), steps); !s.ok()) {
       return reply.fail(s);
@@ -257,9 +264,10 @@ Deferred<uint64_t> TrainerRank::handle(const ImportTrainerState& m) {
   return reply;
 }
 
-uint64_t TrainerRank::handle(const ParamsChecksum&) {
+TrainerInfo TrainerRank::handle(const GetTrainerInfo&) {
   const auto& gpt = trainer_->model();
-  return fnv1a(gpt.params(), gpt.layout().total() * sizeof(float));
+  return {static_cast<int64_t>(::getpid()), restart_count(), fnv1a(gpt.params(), gpt.layout().total() * sizeof(float)),
+          trainer_->optimizer().steps()};
 }
 
 }  // namespace troupe::rl::trainer

@@ -126,21 +126,34 @@ struct TrainerStateHandles {
 struct ExportTrainerState {
   TROUPE_MESSAGE_NAMED(ExportTrainerState, "troupe.rl.ExportTrainerState");
 };
+/// Copies another rank's state (one-sided reads); `rl_phase` says which
+/// optimizer settings the state is for (a restarted rank starts in the
+/// warm-up's).
 struct ImportTrainerState {
   TrainerStateHandles from;
-  TROUPE_MESSAGE_NAMED(ImportTrainerState, "troupe.rl.ImportTrainerState", from);
+  bool rl_phase = true;
+  TROUPE_MESSAGE_NAMED(ImportTrainerState, "troupe.rl.ImportTrainerState", from, rl_phase);
 };
 
-/// A checksum of the parameters (FNV-1a over their bytes): equal on every
-/// rank when the replicas agree.
-struct ParamsChecksum {
-  TROUPE_MESSAGE_NAMED(ParamsChecksum, "troupe.rl.ParamsChecksum");
+/// Where a rank is and what it holds.
+struct TrainerInfo {
+  int64_t pid = 0;
+  /// Restarts of this rank so far (a restarted rank has lost its state).
+  uint32_t restarts = 0;
+  /// FNV-1a over the parameters' bytes: equal on every rank when the
+  /// replicas agree.
+  uint64_t checksum = 0;
+  uint64_t optimizer_steps = 0;
+  TROUPE_FIELDS(pid, restarts, checksum, optimizer_steps);
+};
+struct GetTrainerInfo {
+  TROUPE_MESSAGE_NAMED(GetTrainerInfo, "troupe.rl.GetTrainerInfo");
 };
 
 /// The actor.
 class TrainerRank : public Actor<TrainerRank, JoinTrainerGroup, TrainStep, PublishWeights, StartRlPhase,
                                  SaveTrainerState, LoadTrainerState, ExportTrainerState, ImportTrainerState,
-                                 ParamsChecksum> {
+                                 GetTrainerInfo> {
  public:
   /// A rank of the job configured by `config_toml` (rl_config.h); its
   /// weights are the config's init (random or a checkpoint; a warm-up is
@@ -155,7 +168,7 @@ class TrainerRank : public Actor<TrainerRank, JoinTrainerGroup, TrainStep, Publi
   Deferred<std::vector<std::pair<std::string, std::string>>> handle(const LoadTrainerState& m);
   TrainerStateHandles handle(const ExportTrainerState& m);
   Deferred<uint64_t> handle(const ImportTrainerState& m);
-  uint64_t handle(const ParamsChecksum& m);
+  TrainerInfo handle(const GetTrainerInfo& m);
 
  private:
   config::RlConfig config_;

@@ -4,6 +4,7 @@
 // (trainer, rollout and reward meshes in worker processes): the main
 // example learns, async mode keeps every sample within max_staleness, and
 // a resumed run takes the same steps as an uninterrupted one.
+#include <csignal>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -264,4 +265,55 @@ TEST_CASE("rl job: a run resumed from a checkpoint takes the same next steps as 
       CHECK(b[i]["grad_norm"] == a[i]["grad_norm"]);
     }
   }
+}
+
+TEST_CASE("rl job: kill -9 of a rollout engine and of a trainer rank mid-run: the run finishes and learns",
+          "[rl][job][learning]") {
+  TempDir dir;
+  auto s = session();
+  // The main example on separate meshes of 2 trainer ranks and 2 engines.
+  std::string text = read_file(TROUPE_EXAMPLES_DIR "/rl/arithmetic_grpo.toml");
+  text = text.replace(text.find("placement = \"colocated\""), 23, "placement = \"disaggregated\"");
+  text = text.replace(text.find("ranks = 1"), 9, "ranks = 2");
+  text = text.replace(text.find("engines = 1"), 11, "engines = 2");
+  controller::JobOptions options = quiet_options(dir.path);
+  std::vector<std::string> killed;
+  std::vector<uint64_t> checksums_after;
+  options.after_step = [&](size_t step, const controller::JobProbe& probe) {
+    if (step == 10) {
+      const int64_t pid = probe.engine_pids().at(1);
+      REQUIRE(pid > 0);
+      REQUIRE(::kill(static_cast<pid_t>(pid), SIGKILL) == 0);
+      killed.push_back("engine 1");
+    }
+    if (step == 20) {
+      const int64_t pid = probe.trainer_pids().at(1);
+      REQUIRE(pid > 0);
+      REQUIRE(::kill(static_cast<pid_t>(pid), SIGKILL) == 0);
+      killed.push_back("trainer rank 1");
+    }
+    if (step == 30) checksums_after = probe.trainer_checksums();
+  };
+  auto r = controller::run_rl_job(s->runtime(), s->cluster(), text, options);
+  REQUIRE(r.has_value());
+  CHECK(killed.size() == 2);
+  CHECK(r->faults >= 2);
+  auto faults = events(dir.path / "metrics.jsonl", "fault");
+  bool engine_back = false, trainer_recovered = false;
+  for (const auto& f : faults) {
+    const std::string what = f["what"], action = f["action"];
+    engine_back |= what.find("rollout engine 1 is back") != std::string::npos;
+    trainer_recovered |= action.find("survivor's state") != std::string::npos;
+  }
+  CHECK(engine_back);
+  CHECK(trainer_recovered);
+  // The replicas agree after the recovery, and every step was trained once.
+  REQUIRE(checksums_after.size() == 2);
+  CHECK(checksums_after[0] == checksums_after[1]);
+  auto steps = events(dir.path / "metrics.jsonl", "step");
+  REQUIRE(steps.size() == 100);
+  for (size_t i = 0; i < steps.size(); ++i) CHECK(steps[i]["step"] == i + 1);
+  const double before = r->evals.front().second, after = r->evals.back().second;
+  INFO("held-out accuracy " << before << " -> " << after);
+  CHECK(after > 0.85);
 }
