@@ -26,7 +26,8 @@ const Choices<Mode> kModes = {{"sync", Mode::sync}, {"async", Mode::async}};
 const Choices<Placement> kPlacements = {{"colocated", Placement::colocated},
                                         {"disaggregated", Placement::disaggregated}};
 const Choices<Algorithm> kAlgorithms = {{"grpo", Algorithm::grpo}, {"rloo", Algorithm::rloo}, {"ppo", Algorithm::ppo}};
-const Choices<TaskKind> kTasks = {{"arithmetic", TaskKind::arithmetic}, {"code", TaskKind::code}};
+const Choices<TaskKind> kTasks = {
+    {"arithmetic", TaskKind::arithmetic}, {"code", TaskKind::code}, {"running_sum", TaskKind::running_sum}};
 const Choices<ModelInit> kInits = {
     {"random", ModelInit::random}, {"warmup", ModelInit::warmup}, {"checkpoint", ModelInit::checkpoint}};
 const Choices<model::LossAggregation> kAggregations = {
@@ -180,6 +181,7 @@ size_t RlConfig::answer_budget() const {
   // difference may have a sign; an expression has at most 6 bytes a step),
   // EOS, and room for one token too many.
   if (task.kind == TaskKind::code) return 6 * task.code.max_steps + 4;
+  if (task.kind == TaskKind::running_sum) return task.problems.max_digits + 4;  // the total grows by the addends
   return task.problems.max_digits + 3;
 }
 
@@ -217,6 +219,12 @@ Status RlConfig::validate() const {
     // "subtract 99 then ..." and the closing ':'.
     prompt = task.code.max_steps * (9 + std::to_string(task.code.max_constant).size()) + 1;
     what = std::to_string(task.code.max_steps) + "-step functions";
+  }
+  if (task.kind == TaskKind::running_sum) {
+    if (task.problems.subtraction) return bad(source, "'task.subtraction' must be false for \"running_sum\"");
+    // The first sum, then each turn's answer and the next addend ("+7=").
+    prompt += (task.turns - 1) * (answer_budget() + 3);
+    what = std::to_string(task.turns) + "-turn episodes of " + what;
   }
   const size_t need = 1 + prompt + answer_budget();
   if (model.shape.context_length < need) {
@@ -297,6 +305,7 @@ Result<RlConfig> parse_rl_config(std::string_view text, std::string_view source_
     r.count("max_constant", max_constant, 2, 99);
     c.task.code.max_constant = static_cast<int64_t>(max_constant);
     r.count("tests", c.task.code.tests, 1, 20);
+    r.count("turns", c.task.turns, 1, 16);
     r.count("eval_problems", c.task.eval_problems, 1, 100'000);
     r.seed("eval_seed", c.task.eval_seed);
     r.finish();
@@ -420,6 +429,7 @@ std::string rl_config_json(const RlConfig& c) {
   j["task"]["max_steps"] = c.task.code.max_steps;
   j["task"]["max_constant"] = c.task.code.max_constant;
   j["task"]["tests"] = c.task.code.tests;
+  j["task"]["turns"] = c.task.turns;
   j["task"]["eval_seed"] = c.task.eval_seed;
   const auto& m = c.model.shape;
   j["model"] = {{"layers", m.layers},

@@ -42,7 +42,12 @@ enum class Algorithm : uint8_t {
   ppo,
 };
 /// The task the job trains on (its prompts and its reward).
-enum class TaskKind : uint8_t { arithmetic, code };
+enum class TaskKind : uint8_t {
+  arithmetic,
+  code,
+  /// A multi-turn environment (env/environment.h): running sums.
+  running_sum,
+};
 /// Where the policy's first weights come from.
 enum class ModelInit : uint8_t {
   /// Random (seeded): only useful with a task the model can already hit.
@@ -79,6 +84,8 @@ struct TaskConfig {
   tasks::ArithmeticConfig problems{.min_digits = 2, .max_digits = 2};
   /// The functions to write (code): steps, constants, hidden tests.
   tasks::CodeConfig code;
+  /// The model's turns per episode (multi-turn environments).
+  size_t turns = 3;
   /// Held-out problems (greedy decoding, exact answers).
   size_t eval_problems = 400;
   uint64_t eval_seed = 12345;

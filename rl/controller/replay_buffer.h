@@ -23,6 +23,9 @@ struct GroupRecord {
   uint64_t index = 0;
   std::vector<int32_t> prompt;
   std::vector<rollout::Sample> samples;
+  /// Multi-turn episodes: per sample, 1 on the model's tokens (the
+  /// environment's observations between turns are 0); empty otherwise.
+  std::vector<std::vector<uint8_t>> masks;
   std::vector<double> rewards;
   /// Seconds since the job started when its generation and its scoring
   /// finished.

@@ -24,6 +24,7 @@
 #include "controller/group_queue.h"
 #include "controller/metrics_log.h"
 #include "controller/replay_buffer.h"
+#include "env/environment.h"
 #include "model/generate.h"
 #include "model/tokenizer.h"
 #include "reward/reward_worker.h"
@@ -179,7 +180,10 @@ double denominator(const std::vector<trainer::WireSequence>& seqs, model::LossAg
   switch (agg) {
     case model::LossAggregation::token_mean: {
       double tokens = 0;
-      for (const auto& s : seqs) tokens += static_cast<double>(s.completion.size());
+      for (const auto& s : seqs) {
+        tokens += s.mask.empty() ? static_cast<double>(s.completion.size())
+                                 : static_cast<double>(std::count(s.mask.begin(), s.mask.end(), 1));
+      }
       return tokens;
     }
     case model::LossAggregation::sequence_mean:
@@ -311,6 +315,19 @@ class Job {
   Status publish_and_sync(uint64_t version, json& timing);
   Status sync_engine(size_t engine);
   Result<double> evaluate(uint64_t version);
+  // One played episode of a multi-turn environment.
+  struct Played {
+    rollout::Sample sample;  // every token after the first observation
+    std::vector<uint8_t> mask;  // 1 on the model's tokens
+    double reward = 0;
+  };
+  // Plays `samples` episodes of each of `episodes` (sample i of episode e
+  // draws from the streams of (seed_of(e), turn, i)), turn by turn: each
+  // turn a Generate on an engine, then the environment's replies from a
+  // reward worker.
+  Result<std::vector<std::vector<Played>>> play(const std::vector<uint64_t>& episodes, size_t samples,
+                                                const std::function<uint64_t(uint64_t)>& seed_of,
+                                                double temperature, uint64_t min_version);
   Status checkpoint(size_t step);
   Result<size_t> resume();
   void feed();
@@ -334,6 +351,7 @@ class Job {
   std::set<uint64_t> consumed_;  // groups trained on at or past consumed_low_
   uint64_t consumed_low_ = 0;
   std::vector<tasks::TaskPrompt> eval_set_;
+  std::unique_ptr<env::Environment> env_ = env::make_environment(c_);
   // Engines to sync again once they are back (they restarted).
   std::set<size_t> resync_;
   // Each trainer rank's restarts as last seen (a rank whose count grew has
@@ -555,7 +573,86 @@ Status Job::handle_faults() {
   return {};
 }
 
+Result<std::vector<std::vector<Job::Played>>> Job::play(const std::vector<uint64_t>& episodes, size_t samples,
+                                                       const std::function<uint64_t(uint64_t)>& seed_of,
+                                                       double temperature, uint64_t min_version) {
+  struct Live {
+    size_t episode, sample;
+    std::vector<int32_t> context;
+    std::vector<std::string> turns;
+  };
+  std::vector<std::vector<Played>> out(episodes.size(), std::vector<Played>(samples));
+  std::vector<Live> live;
+  for (size_t e = 0; e < episodes.size(); ++e) {
+    const auto first = tasks::prompt_tokens(env_->first(episodes[e]));
+    for (size_t i = 0; i < samples; ++i) {
+      live.push_back({e, i, first, {}});
+      out[e][i].sample.version_first = rollout::kNoVersion;
+    }
+  }
+  const size_t context = c_.model.shape.context_length;
+  for (uint64_t turn = 0; !live.empty(); ++turn) {
+    rollout::Generate gen;
+    gen.min_version = min_version;
+    gen.temperature = temperature;
+    for (size_t k = 0; k < live.size(); ++k) {
+      gen.groups.push_back({k, live[k].context, 1, seed_of(episodes[live[k].episode]) ^ (turn * 0x9e3779b97f4a7c15ull + live[k].sample)});
+    }
+    auto done = meshes_.engines->choose(gen, timeout_).get();
+    if (!done) return error(done.error().code(), "turn " + std::to_string(turn) + ": " + done.error().message());
+    reward::StepEnv step;
+    for (size_t k = 0; k < live.size(); ++k) {
+      const rollout::Sample& s = (*done)[k].samples[0];
+      Played& p = out[live[k].episode][live[k].sample];
+      p.sample.tokens.insert(p.sample.tokens.end(), s.tokens.begin(), s.tokens.end());
+      p.sample.logprobs.insert(p.sample.logprobs.end(), s.logprobs.begin(), s.logprobs.end());
+      p.mask.resize(p.sample.tokens.size(), 1);
+      p.sample.version_first = std::min(p.sample.version_first, s.version_first);
+      p.sample.version_last = s.version_last;
+      p.sample.stop = s.stop;
+      live[k].context.insert(live[k].context.end(), s.tokens.begin(), s.tokens.end());
+      std::vector<int32_t> text(s.tokens);
+      if (!text.empty() && text.back() == model::ByteTokenizer::kEos) text.pop_back();
+      live[k].turns.push_back(model::ByteTokenizer::decode(text));
+      step.turns.push_back({episodes[live[k].episode], live[k].turns});
+    }
+    auto replies = meshes_.rewards->choose(step, timeout_).get();
+    if (!replies || replies->size() != live.size()) {
+      return error(replies ? ErrorCode::malformed : replies.error().code(),
+                   "environment, turn " + std::to_string(turn) + ": " +
+                       (replies ? std::string("wrong reply") : replies.error().message()));
+    }
+    std::vector<Live> still;
+    for (size_t k = 0; k < live.size(); ++k) {
+      const reward::EnvReply& r = (*replies)[k];
+      Played& p = out[live[k].episode][live[k].sample];
+      p.reward = r.reward;
+      const bool stopped = p.sample.stop == static_cast<uint8_t>(model::StopReason::stop_token);
+      auto obs = model::ByteTokenizer::encode(r.text);
+      // The episode ends when the environment says so, when the model did
+      // not end its turn, or when the next turn would not fit the context.
+      if (r.done || !stopped || live[k].context.size() + obs.size() + c_.answer_budget() > context) continue;
+      p.sample.tokens.insert(p.sample.tokens.end(), obs.begin(), obs.end());
+      p.sample.logprobs.resize(p.sample.tokens.size(), 0.0f);
+      p.mask.resize(p.sample.tokens.size(), 0);
+      live[k].context.insert(live[k].context.end(), obs.begin(), obs.end());
+      still.push_back(std::move(live[k]));
+    }
+    live = std::move(still);
+  }
+  return out;
+}
+
 Result<double> Job::evaluate(uint64_t version) {
+  if (env_) {
+    std::vector<uint64_t> episodes;
+    for (size_t i = 0; i < c_.task.eval_problems; ++i) episodes.push_back(env::eval_episode(c_, i));
+    auto played = play(episodes, 1, [](uint64_t) { return uint64_t{0}; }, 0.0, version);
+    if (!played) return error(played.error().code(), "evaluation: " + played.error().message());
+    double sum = 0;
+    for (const auto& e : *played) sum += e[0].reward;
+    return sum / static_cast<double>(played->size());
+  }
   if (eval_set_.empty()) eval_set_ = tasks::eval_prompts(c_);
   rollout::Generate gen;
   gen.min_version = version;
@@ -648,6 +745,27 @@ Result<size_t> Job::resume() {
 void Job::feed() {
   const size_t G = c_.algorithm.group_size;
   while (auto g = queue_->next()) {
+    if (env_) {
+      const auto started = Clock::now();
+      auto played = play({*g}, G, [this](uint64_t e) { return tasks::group_seed(c_, e); }, -1, queue_->min_version(*g));
+      if (!played) {
+        fault("episode group " + std::to_string(*g) + " failed: " + played.error().message(), "group requeued",
+              seconds_since(started));
+        queue_->requeue(*g);
+        continue;
+      }
+      GroupRecord rec;
+      rec.index = *g;
+      rec.prompt = tasks::prompt_tokens(env_->first(*g));
+      for (auto& p : (*played)[0]) {
+        rec.samples.push_back(std::move(p.sample));
+        rec.masks.push_back(std::move(p.mask));
+        rec.rewards.push_back(p.reward);
+      }
+      rec.generated_at_s = rec.scored_at_s = now_s();
+      buffer_->push(std::move(rec));
+      continue;
+    }
     const auto prompt = tasks::rl_prompt(c_, *g);
     rollout::PromptGroup group{*g, tasks::prompt_tokens(prompt.prompt), static_cast<uint32_t>(G),
                                tasks::group_seed(c_, *g)};
@@ -798,7 +916,9 @@ Result<JobResult> Job::run() {
         reward_sum += r;
         reward_sq += r * r;
         ++samples;
-        sample_tokens += rec.samples[i].tokens.size();
+        // The model's tokens (a multi-turn episode's observations are not).
+        sample_tokens += rec.masks.empty() ? rec.samples[i].tokens.size()
+                                           : static_cast<size_t>(std::count(rec.masks[i].begin(), rec.masks[i].end(), 1));
         const uint64_t st = step - std::min<uint64_t>(step, rec.samples[i].version_first);
         staleness_max = std::max(staleness_max, st);
         staleness_sum += static_cast<double>(st);
@@ -806,7 +926,8 @@ Result<JobResult> Job::run() {
         // A critic learns from every sample; critic-free advantages of a
         // group that scored all the same are zero (no signal).
         if (algorithm != config::Algorithm::ppo && (*adv)[i] == 0.0) continue;
-        seqs.push_back({rec.prompt, rec.samples[i].tokens, rec.samples[i].logprobs, (*adv)[i], r});
+        seqs.push_back({rec.prompt, rec.samples[i].tokens, rec.samples[i].logprobs, (*adv)[i], r,
+                        rec.masks.empty() ? std::vector<uint8_t>{} : rec.masks[i]});
       }
       gen_done = std::max(gen_done, rec.generated_at_s);
       scored = std::max(scored, rec.scored_at_s);

@@ -11,6 +11,18 @@ RewardWorker::RewardWorker(std::string config_toml) {
   auto c = config::parse_rl_config(config_toml, "job config");
   if (!c) throw std::runtime_error("reward worker: " + c.error().message());
   config_ = std::move(*c);
+  env_ = env::make_environment(config_);
+}
+
+std::vector<EnvReply> RewardWorker::handle(const StepEnv& m) {
+  if (!env_) fail("reward worker: this job's task is not an environment");
+  std::vector<EnvReply> out;
+  out.reserve(m.turns.size());
+  for (const auto& t : m.turns) {
+    env::Observation o = env_->next(t.episode, t.turns);
+    out.push_back({std::move(o.text), o.reward, o.done});
+  }
+  return out;
 }
 
 Deferred<std::vector<double>> RewardWorker::handle(const Score& m) {

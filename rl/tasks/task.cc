@@ -4,6 +4,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "env/environment.h"
 #include "model/tokenizer.h"
 #include "tasks/arithmetic.h"
 #include "tasks/code.h"
@@ -69,11 +70,16 @@ std::vector<Drawn> draw(const config::RlConfig& c, bool warmup, uint64_t seed, s
 }  // namespace
 
 TaskPrompt rl_prompt(const config::RlConfig& c, uint64_t index) {
+  if (auto env = env::make_environment(c)) return {env->first(index), ""};
   return draw(c, false, mix(mix(c.run.seed) ^ index), 1, nullptr)[0].prompt;
 }
 
 std::vector<TaskPrompt> eval_prompts(const config::RlConfig& c) {
   std::vector<TaskPrompt> out;
+  if (auto env = env::make_environment(c)) {
+    for (size_t i = 0; i < c.task.eval_problems; ++i) out.push_back({env->first(env::eval_episode(c, i)), ""});
+    return out;
+  }
   for (auto& d : draw(c, false, c.task.eval_seed, c.task.eval_problems, nullptr)) out.push_back(std::move(d.prompt));
   return out;
 }
@@ -82,6 +88,28 @@ std::vector<train::TrainSequence> warmup_set(const config::RlConfig& c) {
   std::mt19937_64 teacher(c.run.seed + 4);
   std::vector<train::TrainSequence> out;
   out.reserve(c.warmup.examples);
+  if (auto env = env::make_environment(c)) {
+    // Whole episodes played by the teacher: its turns are the labels, the
+    // environment's observations between them are context.
+    for (size_t i = 0; i < c.warmup.examples; ++i) {
+      const uint64_t episode = (uint64_t{1} << 61) + i;
+      train::TrainSequence s;
+      s.prompt = prompt_tokens(env->first(episode));
+      std::vector<std::string> turns;
+      for (;;) {
+        turns.push_back(env->teacher_turn(episode, turns, c.warmup.teacher_error, teacher));
+        for (int32_t t : ByteTokenizer::encode(turns.back())) s.completion.push_back(t);
+        s.completion.push_back(ByteTokenizer::kEos);
+        s.completion_mask.resize(s.completion.size(), 1);
+        env::Observation o = env->next(episode, turns);
+        if (o.done) break;
+        for (int32_t t : ByteTokenizer::encode(o.text)) s.completion.push_back(t);
+        s.completion_mask.resize(s.completion.size(), 0);
+      }
+      out.push_back(std::move(s));
+    }
+    return out;
+  }
   for (const auto& d : draw(c, true, c.run.seed, c.warmup.examples, &teacher)) {
     train::TrainSequence s;
     s.prompt = prompt_tokens(d.prompt.prompt);

@@ -24,6 +24,11 @@ Result<TrainBatch> make_train_batch(std::span<const TrainSequence> sequences, si
                                                     " logprobs for " + std::to_string(s.completion.size()) +
                                                     " completion tokens");
     }
+    if (!s.completion_mask.empty() && s.completion_mask.size() != s.completion.size()) {
+      return error(ErrorCode::invalid_argument, "train batch: sequence " + std::to_string(i) + " has a mask of " +
+                                                    std::to_string(s.completion_mask.size()) + " for " +
+                                                    std::to_string(s.completion.size()) + " completion tokens");
+    }
     longest = std::max(longest, len);
   }
   TrainBatch b;
@@ -46,12 +51,13 @@ Result<TrainBatch> make_train_batch(std::span<const TrainSequence> sequences, si
     }
     // Completion token k is predicted at position prompt.size() - 1 + k.
     for (size_t k = 0; k < s.completion.size(); ++k) {
+      if (!s.completion_mask.empty() && s.completion_mask[k] == 0) continue;
       const size_t at = row + s.prompt.size() - 1 + k;
       b.mask[at] = 1.0f;
       b.advantages[at] = static_cast<float>(s.advantage);
       if (!s.completion_logprobs.empty()) b.old_logprobs[at] = s.completion_logprobs[k];
+      ++b.completion_tokens;
     }
-    b.completion_tokens += s.completion.size();
   }
   return b;
 }

@@ -22,6 +22,10 @@ struct TrainSequence {
   /// for supervised data).
   std::vector<float> completion_logprobs;
   double advantage = 0;
+  /// Which completion tokens are trained on (empty: all). A multi-turn
+  /// episode's completion holds the environment's observations between
+  /// the model's turns: those are context, not the policy's tokens (0).
+  std::vector<uint8_t> completion_mask;
 };
 
 /// A batch in the model's layout: position t of row b predicts
@@ -41,7 +45,7 @@ struct TrainBatch {
 /// Lays out `sequences` with T = the longest prompt + completion - 1,
 /// padding with `pad_token`. Errors: no sequences, an empty prompt or
 /// completion, a sequence longer than `context_length` + 1 tokens,
-/// logprobs given for some tokens but not all.
+/// logprobs or a mask given for some tokens but not all.
 Result<TrainBatch> make_train_batch(std::span<const TrainSequence> sequences, size_t context_length,
                                     int32_t pad_token);
 

@@ -76,7 +76,7 @@ Deferred<RankStepStats> TrainerRank::handle(const TrainStep& m) {
   } else {
     std::vector<train::TrainSequence> seqs;
     seqs.reserve(m.sequences.size());
-    for (const auto& w : m.sequences) seqs.push_back({w.prompt, w.completion, w.logprobs, w.advantage});
+    for (const auto& w : m.sequences) seqs.push_back({w.prompt, w.completion, w.logprobs, w.advantage, w.mask});
     auto batch = train::make_train_batch(seqs, config_.model.shape.context_length, model::ByteTokenizer::kPad);
     if (!batch) {
       reply.fail(batch.error());

@@ -37,7 +37,10 @@ struct WireSequence {
   /// makes per-token advantages with its critic).
   double advantage = 0;
   double reward = 0;
-  TROUPE_FIELDS(prompt, completion, logprobs, advantage, reward);
+  /// Which completion tokens are the policy's (empty: all; see
+  /// TrainSequence::completion_mask).
+  std::vector<uint8_t> mask;
+  TROUPE_FIELDS(prompt, completion, logprobs, advantage, reward, mask);
 };
 
 /// What one rank's step did (its share; the driver combines the ranks').

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <random>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -20,6 +21,7 @@
 #include "controller/group_queue.h"
 #include "controller/replay_buffer.h"
 #include "controller/rl_job.h"
+#include "env/environment.h"
 #include "troupe/init.h"
 
 using namespace troupe::rl;
@@ -316,4 +318,64 @@ TEST_CASE("rl job: kill -9 of a rollout engine and of a trainer rank mid-run: th
   const double before = r->evals.front().second, after = r->evals.back().second;
   INFO("held-out accuracy " << before << " -> " << after);
   CHECK(after > 0.85);
+}
+
+TEST_CASE("environment: running sums are replayable, judge each turn against the true total, and end after the "
+          "last turn",
+          "[rl][env]") {
+  auto c = config::parse_rl_config("[task]\nname = \"running_sum\"\nturns = 3\n[model]\ncontext_length = 32\n").value();
+  auto env = env::make_environment(c);
+  REQUIRE(env);
+  const std::string first = env->first(5);
+  CHECK(first == env->first(5));  // replayable
+  const size_t plus = first.find('+');
+  REQUIRE(plus != std::string::npos);
+  const int64_t a = std::stoll(first.substr(0, plus)), b = std::stoll(first.substr(plus + 1));
+  std::vector<std::string> turns = {std::to_string(a + b)};
+  auto o1 = env->next(5, turns);
+  CHECK_FALSE(o1.done);
+  REQUIRE(o1.text.size() == 3);  // "+k="
+  const int64_t k = o1.text[1] - '0';
+  CHECK(o1.reward == Approx(1.0 / 3));
+  turns.push_back("999");  // wrong
+  auto o2 = env->next(5, turns);
+  CHECK_FALSE(o2.done);
+  CHECK(o2.reward == Approx(1.0 / 3));
+  const int64_t k2 = o2.text[1] - '0';
+  turns.push_back(std::to_string(a + b + k + k2));  // right: the true total, not its own wrong one
+  auto o3 = env->next(5, turns);
+  CHECK(o3.done);
+  CHECK(o3.reward == Approx(2.0 / 3));
+  CHECK(env->next(5, std::vector<std::string>{"x", "y", "z"}).reward == 0);
+  // A teacher without errors plays the episode perfectly.
+  std::mt19937_64 rng(1);
+  std::vector<std::string> played;
+  env::Observation o;
+  do {
+    played.push_back(env->teacher_turn(5, played, 0.0, rng));
+    o = env->next(5, played);
+  } while (!o.done);
+  CHECK(o.reward == 1.0);
+  CHECK(env::make_environment(config::parse_rl_config("").value()) == nullptr);
+}
+
+TEST_CASE("rl job: a multi-turn environment's episodes are played turn by turn and trained on the model's turns",
+          "[rl][job][env]") {
+  TempDir dir;
+  auto s = session();
+  const std::string text =
+      "[run]\nseed = 3\nsteps = 4\neval_every = 100\n[warmup]\nsteps = 150\nexamples = 2000\n"
+      "[task]\nname = \"running_sum\"\nturns = 3\nmin_digits = 1\nmax_digits = 2\neval_problems = 50\n"
+      "[model]\ncontext_length = 32\n[algorithm]\nprompts_per_step = 8\ngroup_size = 4\n";
+  auto r = controller::run_rl_job(s->runtime(), s->cluster(), text, quiet_options(dir.path));
+  if (!r) FAIL(r.error().message());
+  auto steps = events(dir.path / "metrics.jsonl", "step");
+  REQUIRE(steps.size() == 4);
+  for (const auto& st : steps) {
+    CHECK(st["reward_mean"].get<double>() >= 0);
+    CHECK(st["reward_mean"].get<double>() <= 1);
+    CHECK(st["samples"].get<size_t>() == 8 * 4);
+  }
+  REQUIRE(r->evals.size() >= 2);
+  CHECK(r->evals.back().second >= 0);
 }
