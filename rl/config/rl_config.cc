@@ -371,7 +371,8 @@ Result<RlConfig> parse_rl_config(std::string_view text, std::string_view source_
     r.count("threads", o.threads, 1, 1024);
     r.count("max_sequences", o.max_sequences, 1, 65536);
     r.count("groups_in_flight", o.groups_in_flight, 1, 4096);
-    r.count("sync_bucket_bytes", o.sync_bucket_bytes, 4096, size_t{1} << 30);
+    // Larger single reads stall a worker's transport past its heartbeats (see docs/rl.md).
+    r.count("sync_bucket_bytes", o.sync_bucket_bytes, 4096, size_t{64} << 20);
     r.count("sync_reads_in_flight", o.sync_reads_in_flight, 1, 64);
     r.finish();
   }
