@@ -14,6 +14,8 @@
 #include <thread>
 #include <vector>
 
+#include <sys/wait.h>
+
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
 
@@ -378,4 +380,28 @@ TEST_CASE("rl job: a multi-turn environment's episodes are played turn by turn a
   }
   REQUIRE(r->evals.size() >= 2);
   CHECK(r->evals.back().second >= 0);
+}
+
+TEST_CASE("troupe rl: a bad config is refused before anything starts, with the key named and exit code 2",
+          "[rl][config]") {
+  TempDir dir;
+  const fs::path bad = dir.path / "bad.toml";
+  std::ofstream(bad) << "[rollout]\nenignes = 2\n";
+  auto run = [](const std::string& cmd) {
+    std::string out;
+    FILE* p = ::popen((cmd + " 2>&1").c_str(), "r");
+    REQUIRE(p != nullptr);
+    char buf[512];
+    while (std::fgets(buf, sizeof(buf), p) != nullptr) out += buf;
+    const int status = ::pclose(p);
+    return std::make_pair(WIFEXITED(status) ? WEXITSTATUS(status) : -1, out);
+  };
+  auto [code, out] = run(std::string(TROUPE_CLI) + " rl train " + bad.string() + " --run-dir " +
+                         (dir.path / "run").string());
+  CHECK(code == 2);
+  CHECK_THAT(out, Catch::Contains("unknown key 'rollout.enignes'"));
+  CHECK_FALSE(fs::exists(dir.path / "run"));  // nothing started
+  auto [rcode, rout] = run(std::string(TROUPE_CLI) + " rl report " + (dir.path / "nothing").string());
+  CHECK(rcode == 1);
+  CHECK_THAT(rout, Catch::Contains("metrics.jsonl"));
 }

@@ -1,6 +1,7 @@
 #include "rl_command.h"
 
 #include <cstdio>
+#include <cstdlib>
 #include <ctime>
 #include <filesystem>
 #include <fstream>
@@ -46,6 +47,10 @@ int train(const RlCommand& cmd) {
   InitOptions init;
   init.address = cmd.address;
   init.runtime.transport = cmd.transport;
+  // The job reports faults in its own words (console and metrics); the
+  // runtime's own warnings (peers closing as the meshes stop) would only
+  // repeat them. TROUPE_LOG_LEVEL brings them back.
+  if (std::getenv("TROUPE_LOG_LEVEL") == nullptr) init.runtime.log_level = "error";
   // An embedded cluster offers what the job reserves, whatever the cores
   // (its processes then share them).
   const double cpus = static_cast<double>(
@@ -100,7 +105,7 @@ int run_rl_command(const RlCommand& cmd) {
     return train(cmd);
   }
   auto written = rl::report::write_report(cmd.run_dir);
-  if (!written) return fail("report: " + written.error().message());
+  if (!written) return fail(written.error().message());
   std::printf("%s\n", written->c_str());
   return 0;
 }
