@@ -8,6 +8,7 @@
 #include <deque>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <mutex>
 #include <optional>
 #include <random>
@@ -331,6 +332,9 @@ class Job {
   Status checkpoint(size_t step);
   Result<size_t> resume();
   void feed();
+  // Puts a group back after a failure; a group that failed kMaxGroupFailures
+  // times stops the job (something is down for good, not a passing fault).
+  void requeue(uint64_t group);
   Status handle_faults();
 
   Runtime& rt_;
@@ -358,6 +362,11 @@ class Job {
   // lost its state), and whether the ranks are past the warm-up.
   std::vector<uint32_t> trainer_restarts_;
   bool rl_phase_ = false;
+  static constexpr int kMaxGroupFailures = 5;
+  std::mutex failures_mu_;
+  std::map<uint64_t, int> group_failures_;  // REQUIRES: failures_mu_
+  std::string fatal_;                       // REQUIRES: failures_mu_
+  std::atomic<bool> has_fatal_{false};
   friend class Probe;
 };
 
@@ -742,6 +751,22 @@ Result<size_t> Job::resume() {
   return step;
 }
 
+void Job::requeue(uint64_t group) {
+  {
+    std::lock_guard lock(failures_mu_);
+    if (++group_failures_[group] >= kMaxGroupFailures && fatal_.empty()) {
+      fatal_ = "group " + std::to_string(group) + " failed " + std::to_string(kMaxGroupFailures) +
+               " times (see the faults above): a mesh is down for good";
+      has_fatal_ = true;
+    }
+  }
+  if (has_fatal_) {
+    buffer_->notify();  // the driver's thread stops the job
+    return;
+  }
+  queue_->requeue(group);
+}
+
 void Job::feed() {
   const size_t G = c_.algorithm.group_size;
   while (auto g = queue_->next()) {
@@ -751,7 +776,7 @@ void Job::feed() {
       if (!played) {
         fault("episode group " + std::to_string(*g) + " failed: " + played.error().message(), "group requeued",
               seconds_since(started));
-        queue_->requeue(*g);
+        requeue(*g);
         continue;
       }
       GroupRecord rec;
@@ -775,7 +800,7 @@ void Job::feed() {
       fault("generation of group " + std::to_string(*g) + " failed: " +
                 (gen ? std::string("wrong reply") : gen.error().message()),
             "group requeued", seconds_since(started));
-      queue_->requeue(*g);
+      requeue(*g);
       continue;
     }
     GroupRecord rec;
@@ -794,7 +819,7 @@ void Job::feed() {
       }
     }
     if (!rewards || rewards->size() != rec.samples.size()) {
-      queue_->requeue(*g);
+      requeue(*g);
       continue;
     }
     rec.rewards = std::move(*rewards);
@@ -893,8 +918,13 @@ Result<JobResult> Job::run() {
     double waited = 0;
     for (;;) {
       if (Status s = handle_faults(); !s.ok()) return error(s);
-      taken = buffer_->take(P, step, S, [this] { return inbox_->pending(); });
+      taken = buffer_->take(P, step, S, [this] { return inbox_->pending() || has_fatal_; });
       if (!taken) return error(ErrorCode::shutting_down, "rl job: stopped");
+      if (has_fatal_) {
+        std::lock_guard lock(failures_mu_);
+        return error(ErrorCode::peer_lost, "rl job: step " + std::to_string(step) + ": " + fatal_ +
+                                               " (fix it, then continue with --resume)");
+      }
       stale += taken->stale.size();
       waited += taken->waited_s;
       if (taken->groups.size() == P) break;
