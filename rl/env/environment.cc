@@ -4,16 +4,12 @@
 #include <optional>
 
 #include "tasks/arithmetic.h"
+#include "tasks/draw.h"
 
 namespace troupe::rl::env {
 namespace {
 
-uint64_t mix(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
+uint64_t mix(uint64_t x) { return tasks::mix_seed(x); }
 
 // The integer a turn's text says, if it is exactly one.
 std::optional<int64_t> parse_int(const std::string& s) {

@@ -18,6 +18,15 @@ inline int64_t uniform_int(std::mt19937_64& rng, int64_t lo, int64_t hi) {
   return lo + static_cast<int64_t>(x % span);
 }
 
+/// splitmix64's finaliser: spreads seeds and indices (seed ^ index) over
+/// independent streams.
+inline uint64_t mix_seed(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
 /// Uniform in [0, 1): 53 random bits, as the sampler's.
 inline double uniform01(std::mt19937_64& rng) { return static_cast<double>(rng() >> 11) * 0x1.0p-53; }
 

@@ -7,6 +7,7 @@
 #include "env/environment.h"
 #include "model/tokenizer.h"
 #include "tasks/arithmetic.h"
+#include "tasks/draw.h"
 #include "tasks/code.h"
 
 namespace troupe::rl::tasks {
@@ -14,13 +15,7 @@ namespace {
 
 using model::ByteTokenizer;
 
-// splitmix64: spreads (seed, index) pairs over independent streams.
-uint64_t mix(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
+uint64_t mix(uint64_t x) { return mix_seed(x); }
 
 // A code problem travels as its reference: the answer and the hidden tests.
 std::string code_reference(const CodeProblem& p) {
