@@ -217,7 +217,8 @@ struct RankOutcomes {
 // Splits `seqs` over the ranks (round robin) and takes one step on each;
 // every rank gets a TrainStep, even an empty one (the allreduce needs it).
 RankOutcomes train_ranks(const ActorMesh<TrainerRank>& trainers, std::vector<trainer::WireSequence> seqs,
-                         bool supervised, model::LossAggregation agg, std::chrono::milliseconds timeout) {
+                         bool supervised, model::LossAggregation agg, uint64_t expected_steps, bool rl_phase,
+                         std::chrono::milliseconds timeout) {
   const size_t R = trainers.size();
   std::vector<std::vector<trainer::WireSequence>> shards(R);
   RankOutcomes o;
@@ -235,8 +236,8 @@ RankOutcomes train_ranks(const ActorMesh<TrainerRank>& trainers, std::vector<tra
   if (total == 0) return o;  // nothing to learn from: no step (an empty step would still decay the weights)
   std::vector<Future<trainer::RankStepStats>> futures;
   for (size_t r = 0; r < R; ++r) {
-    futures.push_back(trainers.member(r).ask(trainer::TrainStep{supervised, std::move(shards[r]), den[r] / total},
-                                             timeout));
+    futures.push_back(trainers.member(r).ask(
+        trainer::TrainStep{supervised, std::move(shards[r]), den[r] / total, expected_steps, rl_phase}, timeout));
   }
   double ok_weight = 0;
   for (size_t r = 0; r < R; ++r) {
@@ -358,10 +359,11 @@ class Job {
   std::unique_ptr<env::Environment> env_ = env::make_environment(c_);
   // Engines to sync again once they are back (they restarted).
   std::set<size_t> resync_;
-  // Each trainer rank's restarts as last seen (a rank whose count grew has
-  // lost its state), and whether the ranks are past the warm-up.
-  std::vector<uint32_t> trainer_restarts_;
+  // Whether the ranks are past the warm-up.
   bool rl_phase_ = false;
+  // The ranks' optimizer steps in the current phase (each TrainStep says
+  // it, so that a rank that lost its state refuses to train).
+  uint64_t optimizer_steps_ = 0;
   static constexpr int kMaxGroupFailures = 5;
   std::mutex failures_mu_;
   std::map<uint64_t, int> group_failures_;  // REQUIRES: failures_mu_
@@ -388,6 +390,15 @@ class Probe : public JobProbe {
     }
     return out;
   }
+  std::vector<uint64_t> engine_checksums() const override {
+    std::vector<uint64_t> out;
+    const auto& engines = *job_.meshes_.engines;
+    for (size_t e = 0; e < engines.size(); ++e) {
+      auto r = engines.member(e).ask(rollout::GetEngineReport{}, job_.timeout_).get();
+      out.push_back(r ? r->checksum : 0);
+    }
+    return out;
+  }
   std::vector<uint64_t> trainer_checksums() const override {
     std::vector<uint64_t> out;
     for (const auto& i : infos()) out.push_back(i.checksum);
@@ -409,13 +420,17 @@ class Probe : public JobProbe {
 
 Result<StepResult> Job::train_step(const std::vector<trainer::WireSequence>& seqs, bool supervised) {
   for (int attempt = 0;; ++attempt) {
-    auto out = train_ranks(*meshes_.trainers, seqs, supervised, c_.algorithm.loss.aggregation, timeout_);
-    if (out.failed.empty()) return out.combined;
+    auto out = train_ranks(*meshes_.trainers, seqs, supervised, c_.algorithm.loss.aggregation, optimizer_steps_,
+                           rl_phase_, timeout_);
+    if (out.failed.empty()) {
+      if (out.combined.trained) ++optimizer_steps_;
+      return out.combined;
+    }
     std::string why;
     for (const auto& [r, st] : out.failed) {
       why += (why.empty() ? "" : "; ") + std::string("trainer rank ") + std::to_string(r) + ": " + st.message();
     }
-    if (attempt == 2) return error(out.failed[0].second.code(), why);
+    if (attempt == 4) return error(out.failed[0].second.code(), why);
     const auto start = Clock::now();
     if (Status s = recover_trainers(out.ok_ranks); !s.ok()) {
       return error(s.code(), why + "; recovery failed: " + s.message());
@@ -426,6 +441,7 @@ Result<StepResult> Job::train_step(const std::vector<trainer::WireSequence>& seq
       fault(why, "kept the step (rank " + std::to_string(out.ok_ranks[0]) +
                      " had applied it); every rank took its state; new collective group",
             seconds_since(start));
+      ++optimizer_steps_;
       return out.combined;
     }
     fault(why, "every rank took a survivor's state; new collective group; step redone", seconds_since(start));
@@ -442,17 +458,19 @@ Status Job::recover_trainers(const std::vector<size_t>& ok_ranks) {
     if (!i) return Status(i.error().code(), "trainer rank " + std::to_string(r) + " is not back: " + i.error().message());
     infos[r] = *i;
   }
-  // The state to copy: a rank that applied the step, else a rank that did
-  // not restart (all of those are at the state before the step).
+  // The state to copy: a rank that applied the step, else one whose state
+  // is the job's (its phase and optimizer steps: a rank that restarted,
+  // even twice, has a fresh one).
   std::optional<size_t> source;
-  if (!ok_ranks.empty()) source = ok_ranks[0];
-  for (size_t r = 0; r < R && !source; ++r) {
-    if (infos[r].restarts == trainer_restarts_[r]) source = r;
+  for (size_t r : ok_ranks) {
+    if (!source && infos[r].optimizer_steps == optimizer_steps_ + 1 && infos[r].rl_phase == rl_phase_) source = r;
   }
-  for (size_t r = 0; r < R; ++r) trainer_restarts_[r] = infos[r].restarts;
+  for (size_t r = 0; r < R && !source && ok_ranks.empty(); ++r) {
+    if (infos[r].optimizer_steps == optimizer_steps_ && infos[r].rl_phase == rl_phase_) source = r;
+  }
   if (!source) {
-    return Status(ErrorCode::peer_lost, "every trainer rank restarted: no state to copy (resume from the last "
-                                        "checkpoint with --resume)");
+    return Status(ErrorCode::peer_lost, "no trainer rank has the job's state (every one restarted): resume from the "
+                                        "last checkpoint with --resume");
   }
   auto handles = T.member(*source).ask(trainer::ExportTrainerState{}, timeout_).get();
   if (!handles) return Status(handles.error().code(), "exporting rank " + std::to_string(*source) + "'s state: " +
@@ -516,6 +534,7 @@ Status Job::warmup() {
     if (!ok) return ok.error();
   }
   rl_phase_ = true;
+  optimizer_steps_ = 0;  // the RL phase's optimizer starts afresh
   return {};
 }
 
@@ -528,7 +547,18 @@ Status Job::sync_engine(size_t e) {
 Status Job::publish_and_sync(uint64_t version, json& timing) {
   const auto start = Clock::now();
   auto pub = meshes_.trainers->member(0).ask(trainer::PublishWeights{version}, timeout_).get();
-  if (!pub) return Status(pub.error().code(), "publishing weights: " + pub.error().message());
+  if (!pub) {
+    // Rank 0 was lost after the step: once it is back with a survivor's
+    // state (the step's result), publish again.
+    const auto lost = Clock::now();
+    if (Status s = recover_trainers({}); !s.ok()) {
+      return Status(pub.error().code(), "publishing weights: " + pub.error().message() + "; " + s.message());
+    }
+    fault("trainer rank 0 failed to publish version " + std::to_string(version) + ": " + pub.error().message(),
+          "every rank took a survivor's state; published again", seconds_since(lost));
+    pub = meshes_.trainers->member(0).ask(trainer::PublishWeights{version}, timeout_).get();
+    if (!pub) return Status(pub.error().code(), "publishing weights: " + pub.error().message());
+  }
   published_ = *pub;
   std::vector<Future<rollout::SyncReport>> futures;
   for (size_t e = 0; e < meshes_.engines->size(); ++e) {
@@ -743,6 +773,9 @@ Result<size_t> Job::resume() {
     auto loaded = meshes_.trainers->member(r).ask(trainer::LoadTrainerState{state}, timeout_).get();
     if (!loaded) return error(loaded.error().code(), "resume: " + loaded.error().message());
   }
+  auto info = meshes_.trainers->member(0).ask(trainer::GetTrainerInfo{}, timeout_).get();
+  if (!info) return error(info.error().code(), "resume: " + info.error().message());
+  optimizer_steps_ = info->optimizer_steps;
   const size_t step = manifest["step"].get<size_t>();
   consumed_low_ = manifest["consumed_low"].get<uint64_t>();
   for (uint64_t g : manifest["consumed"]) consumed_.insert(g);
@@ -859,11 +892,6 @@ Result<JobResult> Job::run() {
        {"algorithm", json::parse(config::rl_config_json(c_))["algorithm"]["name"]},
        {"config", json::parse(config::rl_config_json(c_))}});
 
-  for (size_t r = 0; r < meshes_.trainers->size(); ++r) {
-    auto i = meshes_.trainers->member(r).ask(trainer::GetTrainerInfo{}, timeout_).get();
-    if (!i) return error(i.error());
-    trainer_restarts_.push_back(i->restarts);
-  }
   rl_phase_ = c_.model.init != config::ModelInit::warmup || c_.warmup.steps == 0;
   size_t first_step = 0;
   if (options_.resume) {

@@ -46,6 +46,9 @@ class JobProbe {
   virtual std::vector<int64_t> engine_pids() const = 0;
   /// Each trainer rank's parameter checksum (equal when the replicas agree).
   virtual std::vector<uint64_t> trainer_checksums() const = 0;
+  /// Each engine's checksum of the weights it generates with (after a
+  /// step's sync: equal to the trainer ranks').
+  virtual std::vector<uint64_t> engine_checksums() const = 0;
 };
 
 /// How to run a job.

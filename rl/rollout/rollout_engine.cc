@@ -8,6 +8,7 @@
 
 #include "model/generate.h"
 #include "model/threads.h"
+#include "tasks/draw.h"
 
 namespace troupe::rl::rollout {
 namespace {
@@ -250,6 +251,7 @@ EngineReport RolloutEngine::handle(const GetEngineReport&) {
   r.live = static_cast<uint32_t>(live_.size());
   r.queued = static_cast<uint32_t>(queued_.size());
   r.pid = static_cast<int64_t>(::getpid());
+  r.checksum = tasks::fnv1a(active_->params(), active_->layout().total() * sizeof(float));
   return r;
 }
 

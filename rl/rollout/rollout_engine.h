@@ -107,7 +107,10 @@ struct EngineReport {
   /// Seconds spent in decode steps since the engine started.
   double busy_seconds = 0;
   int64_t pid = 0;
-  TROUPE_FIELDS(version, live, queued, tokens_generated, decode_steps, busy_seconds, pid);
+  /// FNV-1a over the weights in use (equal to the publisher's TrainerInfo
+  /// checksum when the engine has its weights).
+  uint64_t checksum = 0;
+  TROUPE_FIELDS(version, live, queued, tokens_generated, decode_steps, busy_seconds, pid, checksum);
 };
 struct GetEngineReport {
   TROUPE_MESSAGE_NAMED(GetEngineReport, "troupe.rl.GetEngineReport");

@@ -3,6 +3,7 @@
 // streams and weak teachers are reproducible on every machine.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <random>
 
@@ -25,6 +26,18 @@ inline uint64_t mix_seed(uint64_t x) {
   x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
   x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
   return x ^ (x >> 31);
+}
+
+/// FNV-1a over `n` bytes: a checksum of a parameter buffer (replicas and
+/// engines that agree have the same).
+inline uint64_t fnv1a(const void* data, size_t n) {
+  const auto* p = static_cast<const unsigned char*>(data);
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (size_t i = 0; i < n; ++i) {
+    h ^= p[i];
+    h *= 0x100000001b3ull;
+  }
+  return h;
 }
 
 /// Uniform in [0, 1): 53 random bits, as the sampler's.

@@ -10,6 +10,7 @@
 #include "model/safetensors.h"
 #include "model/threads.h"
 #include "model/tokenizer.h"
+#include "tasks/draw.h"
 #include "train/batch.h"
 
 namespace troupe::rl::trainer {
@@ -48,21 +49,12 @@ model::AdamWConfig optim_for(const config::RlConfig& c) {
   return c.model.init == config::ModelInit::warmup && c.warmup.steps > 0 ? c.warmup.optim : c.algorithm.optim;
 }
 
-uint64_t fnv1a(const void* data, size_t n) {
-  const auto* p = static_cast<const unsigned char*>(data);
-  uint64_t h = 0xcbf29ce484222325ull;
-  for (size_t i = 0; i < n; ++i) {
-    h ^= p[i];
-    h *= 0x100000001b3ull;
-  }
-  return h;
-}
-
 }  // namespace
 
 TrainerRank::TrainerRank(std::string config_toml) : config_(parse_or_throw(config_toml)) {
   model::set_compute_threads(config_.trainer.threads);
   trainer_.emplace(initial_model(config_), optim_for(config_));
+  rl_phase_ = !(config_.model.init == config::ModelInit::warmup && config_.warmup.steps > 0);
 }
 
 void TrainerRank::handle(const JoinTrainerGroup& m) { group_ = m.group; }
@@ -70,6 +62,15 @@ void TrainerRank::handle(const JoinTrainerGroup& m) { group_ = m.group; }
 Deferred<RankStepStats> TrainerRank::handle(const TrainStep& m) {
   auto reply = defer<RankStepStats>();
   const auto start = Clock::now();
+  if (trainer_->optimizer().steps() != m.expected_steps || rl_phase_ != m.rl_phase) {
+    reply.fail(Status(ErrorCode::invalid_argument,
+                      "trainer rank " + std::to_string(group_ ? group_->rank : 0) + ": its state (" +
+                          (rl_phase_ ? "rl" : "warm-up") + " phase, " +
+                          std::to_string(trainer_->optimizer().steps()) + " optimizer steps) is not the job's (" +
+                          (m.rl_phase ? "rl" : "warm-up") + ", " + std::to_string(m.expected_steps) +
+                          "): it restarted and must take a survivor's state"));
+    return reply;
+  }
   train::StepStats st;
   if (m.sequences.empty()) {
     trainer_->zero_gradients();
@@ -176,6 +177,7 @@ void TrainerRank::handle(const StartRlPhase&) {
   // (what a job started from a checkpoint of the warm-up would do).
   model::Gpt<float> weights = std::move(trainer_->model());  // emplace destroys the old trainer first
   trainer_.emplace(std::move(weights), config_.algorithm.optim);
+  rl_phase_ = true;
 }
 
 Deferred<void> TrainerRank::handle(const SaveTrainerState& m) {
@@ -201,6 +203,7 @@ Deferred<std::vector<std::pair<std::string, std::string>>> TrainerRank::handle(c
     return reply;
   }
   trainer_.emplace(std::move(loaded));
+  rl_phase_ = true;
   if (config_.algorithm.loss.kl_coef > 0) reference_.reset();
   reply.complete({meta->begin(), meta->end()});
   return reply;
@@ -252,6 +255,7 @@ Deferred<uint64_t> TrainerRank::handle(const ImportTrainerState& m) {
       model::Gpt<float> weights = std::move(trainer_->model());
       trainer_.emplace(std::move(weights), config_.algorithm.optim);
     }
+    rl_phase_ = rl_phase;
     std::memcpy(trainer_->model().params(), in->params.data(), in->params.size() * sizeof(float));
     if (Status s = trainer_->optimizer().restore(std::move(in->m), std::move(in->v), steps); !s.ok()) {
       return reply.fail(s);
@@ -266,8 +270,8 @@ Deferred<uint64_t> TrainerRank::handle(const ImportTrainerState& m) {
 
 TrainerInfo TrainerRank::handle(const GetTrainerInfo&) {
   const auto& gpt = trainer_->model();
-  return {static_cast<int64_t>(::getpid()), restart_count(), fnv1a(gpt.params(), gpt.layout().total() * sizeof(float)),
-          trainer_->optimizer().steps()};
+  return {static_cast<int64_t>(::getpid()), restart_count(), tasks::fnv1a(gpt.params(), gpt.layout().total() * sizeof(float)),
+          trainer_->optimizer().steps(), rl_phase_};
 }
 
 }  // namespace troupe::rl::trainer

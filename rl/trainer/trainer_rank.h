@@ -75,7 +75,13 @@ struct TrainStep {
   bool supervised = false;
   std::vector<WireSequence> sequences;
   double grad_scale = 1.0;
-  TROUPE_MESSAGE_NAMED(TrainStep, "troupe.rl.TrainStep", supervised, sequences, grad_scale);
+  /// The state the rank must be in (the driver's count of the phase's
+  /// optimizer steps, and the phase): a rank that restarted since, and so
+  /// lost its state, refuses the step instead of training from scratch
+  /// beside the others.
+  uint64_t expected_steps = 0;
+  bool rl_phase = false;
+  TROUPE_MESSAGE_NAMED(TrainStep, "troupe.rl.TrainStep", supervised, sequences, grad_scale, expected_steps, rl_phase);
 };
 
 /// The weights for readers elsewhere: a registered copy of the policy's
@@ -147,7 +153,8 @@ struct TrainerInfo {
   /// replicas agree.
   uint64_t checksum = 0;
   uint64_t optimizer_steps = 0;
-  TROUPE_FIELDS(pid, restarts, checksum, optimizer_steps);
+  bool rl_phase = false;
+  TROUPE_FIELDS(pid, restarts, checksum, optimizer_steps, rl_phase);
 };
 struct GetTrainerInfo {
   TROUPE_MESSAGE_NAMED(GetTrainerInfo, "troupe.rl.GetTrainerInfo");
@@ -182,6 +189,8 @@ class TrainerRank : public Actor<TrainerRank, JoinTrainerGroup, TrainStep, Publi
   BufferRegistration published_;
   BufferRegistration exported_params_, exported_m_, exported_v_;
   std::vector<float> ref_logprobs_;
+  // Past the warm-up (StartRlPhase, a resume, or a copied RL-phase state).
+  bool rl_phase_ = false;
 };
 
 }  // namespace troupe::rl::trainer
