@@ -459,8 +459,8 @@ Status Job::recover_trainers(const std::vector<size_t>& ok_ranks) {
     infos[r] = *i;
   }
   // The state to copy: a rank that applied the step, else one whose state
-  // is the job's (its phase and optimizer steps: a rank that restarted,
-  // even twice, has a fresh one).
+  // is the job's (its phase and optimizer steps: a rank that restarted has
+  // a fresh one).
   std::optional<size_t> source;
   for (size_t r : ok_ranks) {
     if (!source && infos[r].optimizer_steps == optimizer_steps_ + 1 && infos[r].rl_phase == rl_phase_) source = r;

@@ -270,7 +270,7 @@ Deferred<uint64_t> TrainerRank::handle(const ImportTrainerState& m) {
 
 TrainerInfo TrainerRank::handle(const GetTrainerInfo&) {
   const auto& gpt = trainer_->model();
-  return {static_cast<int64_t>(::getpid()), restart_count(), tasks::fnv1a(gpt.params(), gpt.layout().total() * sizeof(float)),
+  return {static_cast<int64_t>(::getpid()), tasks::fnv1a(gpt.params(), gpt.layout().total() * sizeof(float)),
           trainer_->optimizer().steps(), rl_phase_};
 }
 

@@ -147,14 +147,15 @@ struct ImportTrainerState {
 /// Where a rank is and what it holds.
 struct TrainerInfo {
   int64_t pid = 0;
-  /// Restarts of this rank so far (a restarted rank has lost its state).
-  uint32_t restarts = 0;
   /// FNV-1a over the parameters' bytes: equal on every rank when the
   /// replicas agree.
   uint64_t checksum = 0;
+  /// The state the rank is in: its phase's optimizer steps, and the phase.
+  /// (Not ActorBase::restart_count(): a rank restarted into a new process
+  /// is a new actor there, whose count starts again at 0.)
   uint64_t optimizer_steps = 0;
   bool rl_phase = false;
-  TROUPE_FIELDS(pid, restarts, checksum, optimizer_steps, rl_phase);
+  TROUPE_FIELDS(pid, checksum, optimizer_steps, rl_phase);
 };
 struct GetTrainerInfo {
   TROUPE_MESSAGE_NAMED(GetTrainerInfo, "troupe.rl.GetTrainerInfo");
