@@ -8,6 +8,7 @@
 #include <limits>
 #include <set>
 #include <sstream>
+#include <stdexcept>
 #include <utility>
 #include <vector>
 
@@ -401,6 +402,12 @@ Result<RlConfig> load_rl_config(const std::string& path) {
   std::ostringstream text;
   text << in.rdbuf();
   return parse_rl_config(text.str(), path);
+}
+
+RlConfig job_config_or_throw(const std::string& config_text, std::string_view who) {
+  auto c = parse_rl_config(config_text, "job config");
+  if (!c) throw std::runtime_error(std::string(who) + ": " + c.error().message());
+  return std::move(*c);
 }
 
 std::string rl_config_json(const RlConfig& c) {

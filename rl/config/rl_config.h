@@ -198,6 +198,11 @@ Result<RlConfig> parse_rl_config(std::string_view toml_text, std::string_view so
 /// path and why), and parse_rl_config's.
 Result<RlConfig> load_rl_config(const std::string& path);
 
+/// For the job's actors, built from the config text the driver checked:
+/// parses it, or throws (naming `who`) so that the actor fails to start; a
+/// failure here means a worker runs another troupe than the driver.
+RlConfig job_config_or_throw(const std::string& config_text, std::string_view who);
+
 /// The config as a JSON object (every key, defaults included), for the
 /// run's metrics and manifest.
 std::string rl_config_json(const RlConfig& config);

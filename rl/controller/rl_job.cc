@@ -314,6 +314,8 @@ class Job {
   // file comment of rl_job.h).
   Result<StepResult> train_step(const std::vector<trainer::WireSequence>& seqs, bool supervised);
   Status recover_trainers(const std::vector<size_t>& ok_ranks);
+  // Every rank's TrainerInfo (the asks wait for restarting ranks).
+  Result<std::vector<trainer::TrainerInfo>> trainer_infos() const;
   Status publish_and_sync(uint64_t version, json& timing);
   Status sync_engine(size_t engine);
   Result<double> evaluate(uint64_t version);
@@ -407,13 +409,8 @@ class Probe : public JobProbe {
 
  private:
   std::vector<trainer::TrainerInfo> infos() const {
-    std::vector<trainer::TrainerInfo> out;
-    const auto& trainers = *job_.meshes_.trainers;
-    for (size_t r = 0; r < trainers.size(); ++r) {
-      auto i = trainers.member(r).ask(trainer::GetTrainerInfo{}, job_.timeout_).get();
-      out.push_back(i ? *i : trainer::TrainerInfo{.pid = -1});
-    }
-    return out;
+    auto i = job_.trainer_infos();
+    return i ? *i : std::vector<trainer::TrainerInfo>(job_.meshes_.trainers->size(), {.pid = -1});
   }
   const Job& job_;
 };
@@ -451,13 +448,10 @@ Result<StepResult> Job::train_step(const std::vector<trainer::WireSequence>& seq
 Status Job::recover_trainers(const std::vector<size_t>& ok_ranks) {
   const auto& T = *meshes_.trainers;
   const size_t R = T.size();
-  // Each rank's state: the ask waits for a restarting rank to be back.
-  std::vector<trainer::TrainerInfo> infos(R);
-  for (size_t r = 0; r < R; ++r) {
-    auto i = T.member(r).ask(trainer::GetTrainerInfo{}, timeout_).get();
-    if (!i) return Status(i.error().code(), "trainer rank " + std::to_string(r) + " is not back: " + i.error().message());
-    infos[r] = *i;
-  }
+  // Each rank's state: the asks wait for a restarting rank to be back.
+  auto got = trainer_infos();
+  if (!got) return got.error();
+  const std::vector<trainer::TrainerInfo>& infos = *got;
   // The state to copy: a rank that applied the step, else one whose state
   // is the job's (its phase and optimizer steps: a rank that restarted has
   // a fresh one).
@@ -492,17 +486,28 @@ Status Job::recover_trainers(const std::vector<size_t>& ok_ranks) {
     }
   }
   // The replicas agree again, bit for bit.
-  uint64_t want = 0;
-  for (size_t r = 0; r < R; ++r) {
-    auto i = T.member(r).ask(trainer::GetTrainerInfo{}, timeout_).get();
-    if (!i) return i.error();
-    if (r == 0) want = i->checksum;
-    if (i->checksum != want) {
+  auto after = trainer_infos();
+  if (!after) return after.error();
+  for (size_t r = 1; r < R; ++r) {
+    if ((*after)[r].checksum != (*after)[0].checksum) {
       return Status(ErrorCode::invalid_argument, "after the state copy, rank " + std::to_string(r) +
                                                      "'s weights differ from rank 0's");
     }
   }
   return {};
+}
+
+Result<std::vector<trainer::TrainerInfo>> Job::trainer_infos() const {
+  const auto& T = *meshes_.trainers;
+  std::vector<Future<trainer::TrainerInfo>> asks;
+  for (size_t r = 0; r < T.size(); ++r) asks.push_back(T.member(r).ask(trainer::GetTrainerInfo{}, timeout_));
+  std::vector<trainer::TrainerInfo> out;
+  for (size_t r = 0; r < asks.size(); ++r) {
+    auto i = asks[r].get();
+    if (!i) return error(i.error().code(), "trainer rank " + std::to_string(r) + " is not back: " + i.error().message());
+    out.push_back(*i);
+  }
+  return out;
 }
 
 
@@ -517,6 +522,7 @@ Status Job::warmup() {
       const auto& src = set[rng() % set.size()];
       s.prompt = src.prompt;
       s.completion = src.completion;
+      s.mask = src.completion_mask;  // an episode's observations are context, not labels
     }
     auto st = train_step(seqs, true);
     if (!st) {
@@ -773,9 +779,9 @@ Result<size_t> Job::resume() {
     auto loaded = meshes_.trainers->member(r).ask(trainer::LoadTrainerState{state}, timeout_).get();
     if (!loaded) return error(loaded.error().code(), "resume: " + loaded.error().message());
   }
-  auto info = meshes_.trainers->member(0).ask(trainer::GetTrainerInfo{}, timeout_).get();
-  if (!info) return error(info.error().code(), "resume: " + info.error().message());
-  optimizer_steps_ = info->optimizer_steps;
+  auto infos = trainer_infos();
+  if (!infos) return error(infos.error().code(), "resume: " + infos.error().message());
+  optimizer_steps_ = (*infos)[0].optimizer_steps;
   const size_t step = manifest["step"].get<size_t>();
   consumed_low_ = manifest["consumed_low"].get<uint64_t>();
   for (uint64_t g : manifest["consumed"]) consumed_.insert(g);

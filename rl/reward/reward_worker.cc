@@ -7,12 +7,8 @@
 
 namespace troupe::rl::reward {
 
-RewardWorker::RewardWorker(std::string config_toml) {
-  auto c = config::parse_rl_config(config_toml, "job config");
-  if (!c) throw std::runtime_error("reward worker: " + c.error().message());
-  config_ = std::move(*c);
-  env_ = env::make_environment(config_);
-}
+RewardWorker::RewardWorker(std::string config_toml)
+    : config_(config::job_config_or_throw(config_toml, "reward worker")), env_(env::make_environment(config_)) {}
 
 std::vector<EnvReply> RewardWorker::handle(const StepEnv& m) {
   if (!env_) fail("reward worker: this job's task is not an environment");

@@ -28,10 +28,8 @@ struct RolloutEngine::SyncState {
   Status failed;
 };
 
-RolloutEngine::RolloutEngine(std::string config_toml) {
-  auto c = config::parse_rl_config(config_toml, "job config");
-  if (!c) throw std::runtime_error("rollout engine: " + c.error().message());
-  config_ = std::move(*c);
+RolloutEngine::RolloutEngine(std::string config_toml)
+    : config_(config::job_config_or_throw(config_toml, "rollout engine")) {
   model::set_compute_threads(config_.rollout.threads);
   auto gpt = model::Gpt<float>::make(config_.model.shape);
   if (!gpt) throw std::runtime_error("rollout engine: " + gpt.error().message());
@@ -125,7 +123,8 @@ void RolloutEngine::handle(const EngineTick&) {
   // Each live sequence feeds what the cache lacks: its whole prompt (and
   // tokens, after a weight switch) when new, its last token otherwise.
   rows_.clear();
-  std::vector<size_t> last_row(live_.size());
+  last_row_.resize(live_.size());
+  auto& last_row = last_row_;
   for (size_t i = 0; i < live_.size(); ++i) {
     Sequence& s = live_[i];
     const auto& tokens = s.request->groups[s.group].samples[s.sample].tokens;
@@ -141,8 +140,8 @@ void RolloutEngine::handle(const EngineTick&) {
     fail("rollout engine: decode step: " + st.message());  // inputs were checked: a broken invariant
   }
   size_t tokens_out = 0;
-  std::vector<Sequence> still;
-  still.reserve(live_.size());
+  auto& still = still_;
+  still.clear();
   for (size_t i = 0; i < live_.size(); ++i) {
     Sequence& s = live_[i];
     Sample& out = s.request->groups[s.group].samples[s.sample];
@@ -164,7 +163,7 @@ void RolloutEngine::handle(const EngineTick&) {
       still.push_back(std::move(s));
     }
   }
-  live_ = std::move(still);
+  std::swap(live_, still);  // the old vector's storage serves the next step
   report_.tokens_generated += tokens_out;
   ++report_.decode_steps;
   report_.busy_seconds += seconds_since(start);

@@ -170,8 +170,10 @@ class RolloutEngine : public Actor<RolloutEngine, Generate, SyncWeights, GetEngi
   std::vector<uint32_t> free_slots_;
   bool tick_scheduled_ = false;
   bool syncing_ = false;
-  // Scratch of a step.
+  // Scratch of a step (kept: no allocation per decode step).
   std::vector<model::DecodeRow> rows_;
+  std::vector<size_t> last_row_;
+  std::vector<Sequence> still_;
   std::vector<float> logits_, scratch_;
   std::vector<int32_t> order_;
   EngineReport report_;

@@ -20,14 +20,6 @@ using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
-config::RlConfig parse_or_throw(const std::string& text) {
-  auto c = config::parse_rl_config(text, "job config");
-  // The driver parsed the same text before starting the mesh: a failure
-  // here is a broken invariant (another troupe version on a worker).
-  if (!c) throw std::runtime_error("trainer: " + c.error().message());
-  return *c;
-}
-
 model::Gpt<float> initial_model(const config::RlConfig& c) {
   auto gpt = model::Gpt<float>::make(c.trainer_shape());
   if (!gpt) throw std::runtime_error("trainer: " + gpt.error().message());
@@ -51,7 +43,7 @@ model::AdamWConfig optim_for(const config::RlConfig& c) {
 
 }  // namespace
 
-TrainerRank::TrainerRank(std::string config_toml) : config_(parse_or_throw(config_toml)) {
+TrainerRank::TrainerRank(std::string config_toml) : config_(config::job_config_or_throw(config_toml, "trainer")) {
   model::set_compute_threads(config_.trainer.threads);
   trainer_.emplace(initial_model(config_), optim_for(config_));
   rl_phase_ = !(config_.model.init == config::ModelInit::warmup && config_.warmup.steps > 0);
