@@ -363,6 +363,7 @@ Result<RlConfig> parse_rl_config(std::string_view text, std::string_view source_
     auto r = table("trainer");
     r.count("ranks", c.trainer.ranks, 1, 1024);
     r.count("threads", c.trainer.threads, 1, 1024);
+    r.boolean("shard_optimizer", c.trainer.shard_optimizer);
     r.finish();
   }
   {
@@ -474,7 +475,8 @@ std::string rl_config_json(const RlConfig& c) {
                          {"lambda", a.lambda},
                          {"value_coef", a.value_coef},
                          {"value_clip", a.value_clip}});
-  j["trainer"] = {{"ranks", c.trainer.ranks}, {"threads", c.trainer.threads}};
+  j["trainer"] = {
+      {"ranks", c.trainer.ranks}, {"threads", c.trainer.threads}, {"shard_optimizer", c.trainer.shard_optimizer}};
   j["rollout"] = {{"engines", c.rollout.engines},
                   {"threads", c.rollout.threads},
                   {"max_sequences", c.rollout.max_sequences},

@@ -137,6 +137,10 @@ struct TrainerConfig {
   size_t ranks = 1;
   /// Compute threads per rank's process.
   size_t threads = 1;
+  /// ZeRO-1: each rank keeps the AdamW moments of its shard of the
+  /// parameters only (1/ranks of them): gradients are reduce-scattered,
+  /// each rank updates its shard, and the ranks allgather the parameters.
+  bool shard_optimizer = false;
 };
 
 /// [rollout]: the generation engines.

@@ -290,7 +290,17 @@ class Job {
 
   Result<JobResult> run();
 
+  /// Logs a fault of a previous attempt of this run once the log is open.
+  void note_fault(std::string what, std::string action) { noted_fault_ = {std::move(what), std::move(action)}; }
+  /// True when run() failed because only the last checkpoint has a
+  /// consistent state (a sharded optimizer lost a rank's segment).
+  bool resume_from_checkpoint() const { return resume_from_checkpoint_; }
+  /// Faults logged so far.
+  size_t faults() const { return faults_; }
+
  private:
+  /// ZeRO-1: the ranks hold segments of the optimizer state.
+  bool sharded() const { return c_.trainer.shard_optimizer && c_.trainer.ranks > 1; }
   void say(const std::string& line) {
     if (options_.progress) {
       options_.progress(line);
@@ -354,6 +364,8 @@ class Job {
   std::unique_ptr<ReplayBuffer> buffer_;
   std::atomic<size_t> step_{0};
   std::atomic<size_t> faults_{0};
+  std::optional<std::pair<std::string, std::string>> noted_fault_;
+  bool resume_from_checkpoint_ = false;
   std::optional<trainer::PublishedWeights> published_;
   std::set<uint64_t> consumed_;  // groups trained on at or past consumed_low_
   uint64_t consumed_low_ = 0;
@@ -404,6 +416,11 @@ class Probe : public JobProbe {
   std::vector<uint64_t> trainer_checksums() const override {
     std::vector<uint64_t> out;
     for (const auto& i : infos()) out.push_back(i.checksum);
+    return out;
+  }
+  std::vector<uint64_t> trainer_optimizer_floats() const override {
+    std::vector<uint64_t> out;
+    for (const auto& i : infos()) out.push_back(i.optimizer_floats);
     return out;
   }
 
@@ -462,9 +479,18 @@ Status Job::recover_trainers(const std::vector<size_t>& ok_ranks) {
   for (size_t r = 0; r < R && !source && ok_ranks.empty(); ++r) {
     if (infos[r].optimizer_steps == optimizer_steps_ && infos[r].rl_phase == rl_phase_) source = r;
   }
+  // Where no survivor has the whole state, the last checkpoint is the last
+  // consistent one (run_rl_job goes back to it).
   if (!source) {
+    resume_from_checkpoint_ = true;
     return Status(ErrorCode::peer_lost, "no trainer rank has the job's state (every one restarted): resume from the "
                                         "last checkpoint with --resume");
+  }
+  if (sharded()) {
+    // ZeRO-1: the lost rank's segment of the optimizer state was only there.
+    resume_from_checkpoint_ = true;
+    return Status(ErrorCode::peer_lost, "a trainer rank's optimizer shard was lost (shard_optimizer): resume from "
+                                        "the last checkpoint with --resume");
   }
   auto handles = T.member(*source).ask(trainer::ExportTrainerState{}, timeout_).get();
   if (!handles) return Status(handles.error().code(), "exporting rank " + std::to_string(*source) + "'s state: " +
@@ -545,9 +571,22 @@ Status Job::warmup() {
 }
 
 Status Job::sync_engine(size_t e) {
-  auto r = meshes_.engines->member(e).ask(rollout::SyncWeights{*published_}, timeout_).get();
-  if (!r) return r.error();
-  return {};
+  // Called for an engine the job was told restarts: the notice (from the
+  // head) can come before this process sees the old incarnation's
+  // connection close, and an ask sent in between fails undelivered with
+  // peer_lost. The sync is idempotent: ask again, paced, until it is back.
+  const auto deadline = Clock::now() + timeout_;
+  auto backoff = std::chrono::milliseconds(20);
+  for (;;) {
+    auto r = meshes_.engines->member(e).ask(rollout::SyncWeights{*published_}, timeout_).get();
+    if (r) return {};
+    const ErrorCode code = r.error().code();
+    if ((code != ErrorCode::peer_lost && code != ErrorCode::actor_dead) || Clock::now() + backoff >= deadline) {
+      return r.error();
+    }
+    std::this_thread::sleep_for(backoff);  // retry pacing while the engine restarts
+    backoff = std::min(backoff * 2, std::chrono::milliseconds(500));
+  }
 }
 
 Status Job::publish_and_sync(uint64_t version, json& timing) {
@@ -727,12 +766,16 @@ Status Job::checkpoint(size_t step) {
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) return Status(ErrorCode::storage, "checkpoint: cannot create " + dir.string() + ": " + ec.message());
-  auto saved = meshes_.trainers->member(0)
-                   .ask(trainer::SaveTrainerState{(dir / "trainer.safetensors").string(),
-                                                  {{"rl.step", std::to_string(step)}}},
-                        timeout_)
-                   .get();
-  if (!saved) return Status(saved.error().code(), "checkpoint: " + saved.error().message());
+  // Rank 0 writes the state; with a sharded optimizer every rank takes
+  // part (the moments are gathered from all of them).
+  const trainer::SaveTrainerState save{(dir / "trainer.safetensors").string(), {{"rl.step", std::to_string(step)}}};
+  const size_t savers = sharded() ? meshes_.trainers->size() : 1;
+  std::vector<Future<void>> saves;
+  for (size_t r = 0; r < savers; ++r) saves.push_back(meshes_.trainers->member(r).ask(save, timeout_));
+  for (auto& f : saves) {
+    auto saved = f.get();
+    if (!saved) return Status(saved.error().code(), "checkpoint: " + saved.error().message());
+  }
   // The manifest goes last, atomically: a checkpoint without one is
   // incomplete and resume skips it.
   json manifest = {{"step", step},
@@ -891,6 +934,7 @@ Result<JobResult> Job::run() {
     ~Cleanup() { stop_meshes(job->cluster_, job->meshes_); }
   } cleanup{this};
 
+  if (noted_fault_) fault(noted_fault_->first, noted_fault_->second, 0);
   log({{"event", "run"},
        {"run_id", c_.run.name},
        {"mode", c_.run.mode == config::Mode::sync ? "sync" : "async"},
@@ -1085,6 +1129,15 @@ Result<JobResult> Job::run() {
   return result;
 }
 
+/// True when `run_dir` holds a complete checkpoint (one with a manifest).
+bool has_checkpoint(const std::string& run_dir) {
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(fs::path(run_dir) / "checkpoints", ec)) {
+    if (fs::exists(entry.path() / "manifest.json")) return true;
+  }
+  return false;
+}
+
 }  // namespace
 
 Result<JobResult> run_rl_job(Runtime& runtime, const ClusterClient& cluster, const std::string& config_text,
@@ -1092,8 +1145,30 @@ Result<JobResult> run_rl_job(Runtime& runtime, const ClusterClient& cluster, con
   auto c = config::parse_rl_config(config_text, "config");
   if (!c) return error(c.error());
   if (options.run_dir.empty()) return error(ErrorCode::invalid_argument, "rl job: no run directory given");
-  Job job(runtime, cluster, std::move(*c), config_text, options);
-  return job.run();
+  JobOptions now = options;
+  std::string lost;  // why the last attempt went back to a checkpoint
+  size_t faults = 0;
+  for (int attempt = 0;; ++attempt) {
+    Job job(runtime, cluster, *c, config_text, now);
+    if (!lost.empty()) job.note_fault(lost, "went back to the last checkpoint (new meshes, --resume)");
+    auto r = job.run();
+    if (r) {
+      r->faults += faults;
+      return r;
+    }
+    // Only a lost optimizer shard is recovered this way, and only from a
+    // checkpoint this run has written (else the error says what to do).
+    if (!job.resume_from_checkpoint() || attempt == 2 || !has_checkpoint(now.run_dir)) {
+      if (job.resume_from_checkpoint() && !has_checkpoint(now.run_dir)) {
+        return error(r.error().code(), r.error().message() + "; there is no checkpoint yet (set "
+                                                               "run.checkpoint_every to have some, or run again)");
+      }
+      return r;
+    }
+    lost = r.error().message();
+    faults += job.faults();  // the loss itself is the next attempt's (note_fault)
+    now.resume = true;
+  }
 }
 
 }  // namespace troupe::rl::controller

@@ -49,6 +49,9 @@ class JobProbe {
   /// Each engine's checksum of the weights it generates with (after a
   /// step's sync: equal to the trainer ranks').
   virtual std::vector<uint64_t> engine_checksums() const = 0;
+  /// The optimizer moments (floats per moment) each trainer rank holds:
+  /// the whole model's, or its segment's under ZeRO-1.
+  virtual std::vector<uint64_t> trainer_optimizer_floats() const = 0;
 };
 
 /// How to run a job.

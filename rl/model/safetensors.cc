@@ -719,16 +719,25 @@ Status save_training_state(const fs::path& path, const ParamLayout& layout, cons
   if (optimizer.m().size() != layout.total()) {
     return Status(ErrorCode::invalid_argument, context + ": the optimizer holds " +
                                                    std::to_string(optimizer.m().size()) + " moments, the model has " +
-                                                   std::to_string(layout.total()) + " parameters");
+                                                   std::to_string(layout.total()) +
+                                                   " parameters (a shard: gather the moments first)");
   }
+  return save_training_state(path, layout, params, optimizer.m().data(), optimizer.v().data(), optimizer.steps(),
+                             metadata);
+}
+
+Status save_training_state(const fs::path& path, const ParamLayout& layout, const float* params, const float* m_data,
+                           const float* v_data, size_t steps, const SafetensorsMetadata& metadata) {
+  const std::string context = "save_training_state " + path.string();
+  if (Status s = refuse_reserved_keys(metadata, context); !s.ok()) return s;
   std::vector<uint16_t> unused;
   auto tensors = param_tensors(layout, params, Dtype::f32, unused);
-  auto m = param_tensors(layout, optimizer.m().data(), Dtype::f32, unused, std::string(kOptimizerPrefix) + "m.");
-  auto v = param_tensors(layout, optimizer.v().data(), Dtype::f32, unused, std::string(kOptimizerPrefix) + "v.");
+  auto m = param_tensors(layout, m_data, Dtype::f32, unused, std::string(kOptimizerPrefix) + "m.");
+  auto v = param_tensors(layout, v_data, Dtype::f32, unused, std::string(kOptimizerPrefix) + "v.");
   tensors.insert(tensors.end(), m.begin(), m.end());
   tensors.insert(tensors.end(), v.begin(), v.end());
   SafetensorsMetadata meta = model_metadata(layout, metadata);
-  meta.emplace(kStepKey, std::to_string(optimizer.steps()));
+  meta.emplace(kStepKey, std::to_string(steps));
   return write_safetensors(path, tensors, meta);
 }
 

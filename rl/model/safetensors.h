@@ -148,6 +148,10 @@ Status load_model(const std::filesystem::path& path, const ParamLayout& layout, 
 /// as save_model.
 Status save_training_state(const std::filesystem::path& path, const ParamLayout& layout, const float* params,
                            const AdamW& optimizer, const SafetensorsMetadata& metadata = {});
+/// The same with the moments given (the whole layout's each) and the step
+/// count: a sharded optimizer's state, gathered from its ranks.
+Status save_training_state(const std::filesystem::path& path, const ParamLayout& layout, const float* params,
+                           const float* m, const float* v, size_t steps, const SafetensorsMetadata& metadata = {});
 
 /// Reads a training state written by save_training_state into `params`
 /// and `optimizer` (made for `layout`), so that training continues exactly

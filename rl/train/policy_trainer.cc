@@ -2,8 +2,10 @@
 
 namespace troupe::rl::train {
 
-PolicyTrainer::PolicyTrainer(model::Gpt<float> model, const model::AdamWConfig& optim)
-    : model_(std::move(model)), adamw_(model_.layout(), optim) {}
+PolicyTrainer::PolicyTrainer(model::Gpt<float> model, const model::AdamWConfig& optim,
+                             std::optional<model::ParamRange> range)
+    : model_(std::move(model)),
+      adamw_(model_.layout(), optim, range.value_or(model::ParamRange{0, model_.layout().total()})) {}
 
 Status PolicyTrainer::forward_logprobs(const TrainBatch& batch, bool entropy) {
   if (Status s = model_.forward(batch.tokens.data(), batch.targets.data(), batch.B, batch.T, {.entropy = entropy});
@@ -137,6 +139,11 @@ StepStats PolicyTrainer::backward(const TrainBatch& batch, double loss, double g
 void PolicyTrainer::apply_gradients(StepStats& st) {
   st.learning_rate = adamw_.learning_rate(adamw_.steps());
   st.grad_norm = adamw_.step(model_.params(), model_.grads());
+}
+
+void PolicyTrainer::apply_gradients(StepStats& st, double norm) {
+  st.learning_rate = adamw_.learning_rate(adamw_.steps());
+  st.grad_norm = adamw_.apply(model_.params(), model_.grads(), norm);
 }
 
 }  // namespace troupe::rl::train

@@ -4,6 +4,8 @@
 // completions) and a policy-gradient step (model/losses.h).
 #pragma once
 
+#include <optional>
+
 #include <cstddef>
 #include <span>
 
@@ -41,8 +43,11 @@ struct PpoConfig {
 /// A model and its optimizer. Not thread-safe.
 class PolicyTrainer {
  public:
-  /// Trains `model` (moved in) with AdamW under `optim`.
-  PolicyTrainer(model::Gpt<float> model, const model::AdamWConfig& optim);
+  /// Trains `model` (moved in) with AdamW under `optim`; with `range`, the
+  /// optimizer keeps the state of those parameters only (ZeRO-1: see
+  /// apply_gradients(StepStats&, double)).
+  PolicyTrainer(model::Gpt<float> model, const model::AdamWConfig& optim,
+                std::optional<model::ParamRange> range = std::nullopt);
 
   model::Gpt<float>& model() { return model_; }
   const model::Gpt<float>& model() const { return model_; }
@@ -88,6 +93,12 @@ class PolicyTrainer {
   /// One optimizer step with model().grads(); fills the stats' grad_norm
   /// and learning_rate.
   void apply_gradients(StepStats& stats);
+  /// ZeRO-1: the step of the optimizer's range only, with the gradient's
+  /// global `norm` (the ranks' squared_norm() summed, then the root); the
+  /// other parameters are the other ranks' to update.
+  void apply_gradients(StepStats& stats, double norm);
+  /// The squared norm of model().grads() over the optimizer's range.
+  double squared_norm() const { return adamw_.squared_norm(model_.grads()); }
 
  private:
   // The model's forward on the batch, its log-probabilities in logprobs_.

@@ -1,6 +1,8 @@
 #include "trainer/trainer_rank.h"
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <span>
 #include <stdexcept>
@@ -41,6 +43,14 @@ model::AdamWConfig optim_for(const config::RlConfig& c) {
   return c.model.init == config::ModelInit::warmup && c.warmup.steps > 0 ? c.warmup.optim : c.algorithm.optim;
 }
 
+/// Rank `rank` of `ranks`'s segment of `count` elements: the segment the
+/// mesh's reduce_scatter leaves reduced on it (collective_group.h).
+model::ParamRange segment_of(size_t count, size_t rank, size_t ranks) {
+  const size_t q = count / ranks, rest = count % ranks;
+  const size_t begin = rank * q + std::min(rank, rest);
+  return {begin, begin + q + (rank < rest ? 1 : 0)};
+}
+
 }  // namespace
 
 TrainerRank::TrainerRank(std::string config_toml) : config_(config::job_config_or_throw(config_toml, "trainer")) {
@@ -49,7 +59,36 @@ TrainerRank::TrainerRank(std::string config_toml) : config_(config::job_config_o
   rl_phase_ = !(config_.model.init == config::ModelInit::warmup && config_.warmup.steps > 0);
 }
 
-void TrainerRank::handle(const JoinTrainerGroup& m) { group_ = m.group; }
+void TrainerRank::handle(const JoinTrainerGroup& m) {
+  group_ = m.group;
+  if (!config_.trainer.shard_optimizer || m.group.size < 2) return;
+  // ZeRO-1: keep the optimizer state of this rank's segment only.
+  const auto range = segment_of(trainer_->model().layout().total(), m.group.rank, m.group.size);
+  const auto now = trainer_->optimizer().range();
+  if (shard_ && now.begin == range.begin && now.end == range.end) return;
+  if (shard_) {
+    fail("trainer: a new group moves this rank's optimizer shard; its state is not here (resume from a checkpoint)");
+  }
+  shard_ = range;
+  auto& old = trainer_->optimizer();
+  std::vector<float> m_all = old.m(), v_all = old.v();
+  const size_t steps = old.steps();
+  model::Gpt<float> weights = std::move(trainer_->model());  // emplace destroys the old trainer first
+  trainer_.emplace(std::move(weights), optim_now(), shard_);
+  if (Status s = trainer_->optimizer().restore(std::move(m_all), std::move(v_all), steps); !s.ok()) fail(s.message());
+}
+
+model::AdamWConfig TrainerRank::optim_now() const { return rl_phase_ ? config_.algorithm.optim : optim_for(config_); }
+
+void TrainerRank::collective(CollectiveKind kind, void* data, size_t count, DType dtype, const char* what,
+                             std::function<void(Status)> then) {
+  Collective c{group_->id, group_->rank, data, count, dtype, ReduceOp::sum, kind};
+  ask<void>(group_->engine(self()), c).then([this, what, then = std::move(then)](Result<void> r) mutable {
+    if (r) return then(Status());
+    then(Status(r.error().code(), "trainer rank " + std::to_string(group_ ? group_->rank : 0) + ": " + what +
+                                      " failed: " + r.error().message()));
+  });
+}
 
 Deferred<RankStepStats> TrainerRank::handle(const TrainStep& m) {
   auto reply = defer<RankStepStats>();
@@ -138,17 +177,51 @@ Deferred<RankStepStats> TrainerRank::handle(const TrainStep& m) {
   }
   const size_t n = trainer_->model().layout().total();
   const auto reduce_start = Clock::now();
-  ask<void>(group_->engine(self()), AllReduce{group_->id, group_->rank, trainer_->model().grads(), n,
-                                              DType::float32, ReduceOp::sum})
-      .then([finish, reduce_start, reply, this](Result<void> r) mutable {
-        if (!r) {
-          reply.fail(Status(r.error().code(), "trainer rank " + std::to_string(group_ ? group_->rank : 0) +
-                                                  ": gradient allreduce failed: " + r.error().message()));
-          return;
-        }
-        finish(reduce_start);
-      });
+  if (shard_) {
+    sharded_step(reply, out, st, reduce_start);
+    return reply;
+  }
+  collective(CollectiveKind::allreduce, trainer_->model().grads(), n, DType::float32, "gradient allreduce",
+             [finish, reduce_start, reply](Status s) mutable {
+               if (!s.ok()) return reply.fail(s);
+               finish(reduce_start);
+             });
   return reply;
+}
+
+void TrainerRank::sharded_step(Deferred<RankStepStats> reply, RankStepStats out, train::StepStats st,
+                               Clock::time_point reduce_start) {
+  // The gradient's sum, each rank's segment only; then the global norm
+  // from every rank's part; then each rank's update of its segment; then
+  // every segment to every rank. The parts travel as the bits of doubles
+  // (an allgather of int32 pairs) and are added in rank order on every
+  // rank: the same norm, to the bit, everywhere.
+  const size_t n = trainer_->model().layout().total();
+  const size_t ranks = group_->size;
+  collective(CollectiveKind::reduce_scatter, trainer_->model().grads(), n, DType::float32,
+             "gradient reduce-scatter", [this, reply, out, st, reduce_start, n, ranks](Status s) mutable {
+               if (!s.ok()) return reply.fail(s);
+               norm_parts_.assign(ranks, 0.0);
+               norm_parts_[group_->rank] = trainer_->squared_norm();
+               collective(CollectiveKind::allgather, norm_parts_.data(), 2 * ranks, DType::int32,
+                          "gradient norm allgather", [this, reply, out, st, reduce_start, n](Status s) mutable {
+                            if (!s.ok()) return reply.fail(s);
+                            double sumsq = 0;
+                            for (double p : norm_parts_) sumsq += p;
+                            trainer_->apply_gradients(st, std::sqrt(sumsq));
+                            out.grad_norm = st.grad_norm;
+                            out.learning_rate = st.learning_rate;
+                            auto done = [reply, out, reduce_start](Status s) mutable {
+                              if (!s.ok()) return reply.fail(s);
+                              out.allreduce_seconds = seconds_since(reduce_start);
+                              reply.complete(out);
+                            };
+                            // A NaN or infinite norm updated nothing, on every rank.
+                            if (!std::isfinite(st.grad_norm)) return done(Status());
+                            collective(CollectiveKind::allgather, trainer_->model().params(), n, DType::float32,
+                                       "parameter allgather", std::move(done));
+                          });
+             });
 }
 
 PublishedWeights TrainerRank::handle(const PublishWeights& m) {
@@ -168,7 +241,7 @@ void TrainerRank::handle(const StartRlPhase&) {
   // The warm-up's optimizer state is not the RL phase's: start it afresh
   // (what a job started from a checkpoint of the warm-up would do).
   model::Gpt<float> weights = std::move(trainer_->model());  // emplace destroys the old trainer first
-  trainer_.emplace(std::move(weights), config_.algorithm.optim);
+  trainer_.emplace(std::move(weights), config_.algorithm.optim, shard_);
   rl_phase_ = true;
 }
 
@@ -176,19 +249,42 @@ Deferred<void> TrainerRank::handle(const SaveTrainerState& m) {
   auto reply = defer<void>();
   model::SafetensorsMetadata meta(m.metadata.begin(), m.metadata.end());
   const auto& gpt = trainer_->model();
-  Status s = model::save_training_state(m.path, gpt.layout(), gpt.params(), trainer_->optimizer(), meta);
-  if (s.ok()) {
-    reply.complete();
-  } else {
-    reply.fail(s);
+  if (!shard_) {
+    Status s = model::save_training_state(m.path, gpt.layout(), gpt.params(), trainer_->optimizer(), meta);
+    s.ok() ? reply.complete() : reply.fail(s);
+    return reply;
   }
+  // ZeRO-1: every rank gets the message; the moments are gathered from
+  // every rank's segment (for the save only), then rank 0 writes them.
+  const size_t n = gpt.layout().total();
+  auto gathered = std::make_shared<std::pair<std::vector<float>, std::vector<float>>>();
+  gathered->first.assign(n, 0.0f);
+  gathered->second.assign(n, 0.0f);
+  const auto& opt = trainer_->optimizer();
+  std::copy(opt.m().begin(), opt.m().end(), gathered->first.begin() + shard_->begin);
+  std::copy(opt.v().begin(), opt.v().end(), gathered->second.begin() + shard_->begin);
+  const std::string path = m.path;
+  collective(CollectiveKind::allgather, gathered->first.data(), n, DType::float32, "optimizer state gather",
+             [this, reply, gathered, path, meta, n](Status s) mutable {
+               if (!s.ok()) return reply.fail(s);
+               collective(CollectiveKind::allgather, gathered->second.data(), n, DType::float32,
+                          "optimizer state gather", [this, reply, gathered, path, meta](Status s) mutable {
+                            if (!s.ok()) return reply.fail(s);
+                            if (group_->rank != 0) return reply.complete();
+                            const auto& gpt = trainer_->model();
+                            s = model::save_training_state(path, gpt.layout(), gpt.params(), gathered->first.data(),
+                                                           gathered->second.data(), trainer_->optimizer().steps(),
+                                                           meta);
+                            s.ok() ? reply.complete() : reply.fail(s);
+                          });
+             });
   return reply;
 }
 
 Deferred<std::vector<std::pair<std::string, std::string>>> TrainerRank::handle(const LoadTrainerState& m) {
   auto reply = defer<std::vector<std::pair<std::string, std::string>>>();
   // Into a copy: a state that does not fit leaves this rank as it was.
-  train::PolicyTrainer loaded(trainer_->model(), config_.algorithm.optim);
+  train::PolicyTrainer loaded(trainer_->model(), config_.algorithm.optim, shard_);
   auto meta = model::load_training_state(m.path, loaded.model().layout(), loaded.model().params(), loaded.optimizer());
   if (!meta) {
     reply.fail(Status(meta.error().code(), "trainer: resume: " + meta.error().message()));
@@ -201,7 +297,12 @@ Deferred<std::vector<std::pair<std::string, std::string>>> TrainerRank::handle(c
   return reply;
 }
 
-TrainerStateHandles TrainerRank::handle(const ExportTrainerState&) {
+Result<TrainerStateHandles> TrainerRank::handle(const ExportTrainerState&) {
+  if (shard_) {
+    return error(ErrorCode::unsupported,
+                 "trainer: with shard_optimizer each rank holds only its segment of the optimizer state, and a lost "
+                 "rank's segment is gone: recover from the last checkpoint");
+  }
   const auto& gpt = trainer_->model();
   const size_t n = gpt.layout().total();
   auto copy = [&](BufferRegistration& reg, const float* src) {
@@ -215,7 +316,8 @@ TrainerStateHandles TrainerRank::handle(const ExportTrainerState&) {
   copy(exported_params_, gpt.params());
   copy(exported_m_, trainer_->optimizer().m().data());
   copy(exported_v_, trainer_->optimizer().v().data());
-  return {exported_params_.handle(), exported_m_.handle(), exported_v_.handle(), trainer_->optimizer().steps(), n};
+  return TrainerStateHandles{exported_params_.handle(), exported_m_.handle(), exported_v_.handle(),
+                             trainer_->optimizer().steps(), n};
 }
 
 Deferred<uint64_t> TrainerRank::handle(const ImportTrainerState& m) {
@@ -245,7 +347,7 @@ Deferred<uint64_t> TrainerRank::handle(const ImportTrainerState& m) {
     if (!in->failed.ok()) return reply.fail(Status(in->failed.code(), "trainer: state copy: " + in->failed.message()));
     if (rl_phase) {
       model::Gpt<float> weights = std::move(trainer_->model());
-      trainer_.emplace(std::move(weights), config_.algorithm.optim);
+      trainer_.emplace(std::move(weights), config_.algorithm.optim, shard_);
     }
     rl_phase_ = rl_phase;
     std::memcpy(trainer_->model().params(), in->params.data(), in->params.size() * sizeof(float));
@@ -263,7 +365,7 @@ Deferred<uint64_t> TrainerRank::handle(const ImportTrainerState& m) {
 TrainerInfo TrainerRank::handle(const GetTrainerInfo&) {
   const auto& gpt = trainer_->model();
   return {static_cast<int64_t>(::getpid()), tasks::fnv1a(gpt.params(), gpt.layout().total() * sizeof(float)),
-          trainer_->optimizer().steps(), rl_phase_};
+          trainer_->optimizer().steps(), rl_phase_, trainer_->optimizer().m().size()};
 }
 
 }  // namespace troupe::rl::trainer

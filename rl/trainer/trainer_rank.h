@@ -10,7 +10,9 @@
 // process parses itself.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -155,7 +157,10 @@ struct TrainerInfo {
   /// is a new actor there, whose count starts again at 0.)
   uint64_t optimizer_steps = 0;
   bool rl_phase = false;
-  TROUPE_FIELDS(pid, checksum, optimizer_steps, rl_phase);
+  /// Floats in each of the optimizer's moments: the model's parameters, or
+  /// (ZeRO-1) this rank's segment of them.
+  uint64_t optimizer_floats = 0;
+  TROUPE_FIELDS(pid, checksum, optimizer_steps, rl_phase, optimizer_floats);
 };
 struct GetTrainerInfo {
   TROUPE_MESSAGE_NAMED(GetTrainerInfo, "troupe.rl.GetTrainerInfo");
@@ -177,7 +182,7 @@ class TrainerRank : public Actor<TrainerRank, JoinTrainerGroup, TrainStep, Publi
   void handle(const StartRlPhase& m);
   Deferred<void> handle(const SaveTrainerState& m);
   Deferred<std::vector<std::pair<std::string, std::string>>> handle(const LoadTrainerState& m);
-  TrainerStateHandles handle(const ExportTrainerState& m);
+  Result<TrainerStateHandles> handle(const ExportTrainerState& m);
   Deferred<uint64_t> handle(const ImportTrainerState& m);
   TrainerInfo handle(const GetTrainerInfo& m);
 
@@ -192,6 +197,21 @@ class TrainerRank : public Actor<TrainerRank, JoinTrainerGroup, TrainStep, Publi
   std::vector<float> ref_logprobs_;
   // Past the warm-up (StartRlPhase, a resume, or a copied RL-phase state).
   bool rl_phase_ = false;
+  // ZeRO-1 (trainer.shard_optimizer, 2+ ranks): this rank's segment of the
+  // parameters, whose optimizer state it keeps; set when it joins a group.
+  std::optional<model::ParamRange> shard_;
+  // Each rank's squared gradient norm (a sharded step's allgather).
+  std::vector<double> norm_parts_;
+
+  // The optimizer settings of the phase the rank is in.
+  model::AdamWConfig optim_now() const;
+  // Runs a collective of the rank's group on `data` in place; `then` gets
+  // its outcome (an error names `what` and the rank).
+  void collective(CollectiveKind kind, void* data, size_t count, DType dtype, const char* what,
+                  std::function<void(Status)> then);
+  // The rest of a TrainStep under ZeRO-1, from the gradients on.
+  void sharded_step(Deferred<RankStepStats> reply, RankStepStats out, train::StepStats st,
+                    std::chrono::steady_clock::time_point reduce_start);
 };
 
 }  // namespace troupe::rl::trainer

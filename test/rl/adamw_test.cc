@@ -60,3 +60,50 @@ TEST_CASE("adamw: a gradient above the clip norm is scaled to it; a NaN gradient
   CHECK(p == before);
   CHECK(opt.steps() == 1);
 }
+
+TEST_CASE("adamw: shards that each update their range with the global norm give the whole step's bits",
+          "[rl][model]") {
+  // A layout large enough for several norm blocks, cut at uneven points.
+  ParamLayout layout =
+      ParamLayout::make(GptConfig{.vocab_size = 64, .context_length = 16, .layers = 2, .heads = 2, .channels = 64})
+          .value();
+  const size_t n = layout.total();
+  AdamWConfig cfg{.learning_rate = 0.01, .weight_decay = 0.1, .clip_norm = 0.5};
+  std::vector<float> p0(n), g0(n);
+  for (size_t i = 0; i < n; ++i) {
+    p0[i] = std::sin(0.37 * static_cast<double>(i));
+    g0[i] = 0.01f * std::cos(0.11 * static_cast<double>(i));
+  }
+  AdamW whole(layout, cfg);
+  std::vector<float> p_whole = p0, p_sharded = p0;
+  const std::vector<ParamRange> ranges{{0, n / 3 + 7}, {n / 3 + 7, 2 * n / 3 - 5}, {2 * n / 3 - 5, n}};
+  std::vector<AdamW> shards;
+  for (const auto& r : ranges) shards.emplace_back(layout, cfg, r);
+  for (int step = 0; step < 3; ++step) {
+    std::vector<float> g_whole = g0, g_sharded = g0;
+    for (auto& g : g_whole) g *= static_cast<float>(step + 1);
+    for (auto& g : g_sharded) g *= static_cast<float>(step + 1);
+    const double norm = whole.step(p_whole.data(), g_whole.data());
+    CHECK(norm > cfg.clip_norm);  // clipping is part of what must agree
+    double sumsq = 0;
+    for (const auto& s : shards) sumsq += s.squared_norm(g_sharded.data());
+    CHECK(std::sqrt(sumsq) == Approx(norm).epsilon(1e-12));
+    // With the same norm the shards' updates are the whole step's, bit for bit.
+    for (auto& s : shards) s.apply(p_sharded.data(), g_sharded.data(), norm);
+  }
+  CHECK(p_sharded == p_whole);
+  for (size_t k = 0; k < shards.size(); ++k) {
+    CHECK(shards[k].steps() == 3);
+    CHECK(shards[k].m() == std::vector<float>(whole.m().begin() + ranges[k].begin, whole.m().begin() + ranges[k].end));
+    CHECK(shards[k].v() == std::vector<float>(whole.v().begin() + ranges[k].begin, whole.v().begin() + ranges[k].end));
+  }
+  // A checkpoint's whole moments restore into a shard as its range's.
+  AdamW restored(layout, cfg, ranges[1]);
+  REQUIRE(restored.restore(whole.m(), whole.v(), whole.steps()).ok());
+  CHECK(restored.m() == shards[1].m());
+  CHECK(restored.steps() == 3);
+  // Moments of neither size are refused, and nothing changes.
+  auto bad = restored.restore(std::vector<float>(5), std::vector<float>(5), 9);
+  CHECK(bad.code() == troupe::ErrorCode::invalid_argument);
+  CHECK(restored.steps() == 3);
+}

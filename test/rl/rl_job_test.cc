@@ -24,6 +24,8 @@
 #include "controller/replay_buffer.h"
 #include "controller/rl_job.h"
 #include "env/environment.h"
+#include "model/adamw.h"
+#include "model/safetensors.h"
 #include "troupe/init.h"
 
 using namespace troupe::rl;
@@ -72,6 +74,22 @@ std::string small_job(const std::string& extra_run, size_t steps, const std::str
          "\n[warmup]\nsteps = 150\nexamples = 2000\n[task]\neval_problems = 50\n"
          "[algorithm]\nprompts_per_step = 8\ngroup_size = 4\n" +
          extra;
+}
+
+// Steps [from, to) of two runs' "step" events are the same, bit for bit.
+void check_same_steps(const std::vector<nlohmann::json>& a, const std::vector<nlohmann::json>& b, size_t from,
+                      size_t to) {
+  for (size_t i = from; i < to; ++i) {
+    INFO("step " << i + 1);
+    CHECK(b[i]["step"] == a[i]["step"]);
+    CHECK(b[i]["reward_mean"] == a[i]["reward_mean"]);
+    CHECK(b[i]["tokens"] == a[i]["tokens"]);
+    if (a[i].contains("loss")) {
+      REQUIRE(b[i].contains("loss"));
+      CHECK(b[i]["loss"] == a[i]["loss"]);
+      CHECK(b[i]["grad_norm"] == a[i]["grad_norm"]);
+    }
+  }
 }
 
 controller::JobOptions quiet_options(const fs::path& run_dir) {
@@ -258,17 +276,105 @@ TEST_CASE("rl job: a run resumed from a checkpoint takes the same next steps as 
   REQUIRE(a.size() == 6);
   REQUIRE(b.size() == 6);  // 3 before the resume, 3 after
   CHECK(events(part.path / "metrics.jsonl", "resume").size() == 1);
-  for (size_t i = 3; i < 6; ++i) {
-    INFO("step " << i + 1);
-    CHECK(b[i]["step"] == a[i]["step"]);
-    CHECK(b[i]["reward_mean"] == a[i]["reward_mean"]);
-    CHECK(b[i]["tokens"] == a[i]["tokens"]);
-    if (a[i].contains("loss")) {
-      REQUIRE(b[i].contains("loss"));
-      CHECK(b[i]["loss"] == a[i]["loss"]);
-      CHECK(b[i]["grad_norm"] == a[i]["grad_norm"]);
+  check_same_steps(a, b, 3, 6);
+}
+
+TEST_CASE("rl job: ZeRO-1 on 2 ranks keeps the replicas equal, checkpoints every rank's optimizer segment, and "
+          "resumes bit for bit",
+          "[rl][job]") {
+  TempDir whole, part;
+  auto s = session();
+  const std::string zero = "[trainer]\nranks = 2\nshard_optimizer = true\n[rollout]\nengines = 2\n";
+  controller::JobOptions quiet = quiet_options({});
+  auto full = quiet;
+  full.run_dir = whole.path.string();
+  size_t checked = 0;
+  const size_t layout_total =
+      model::ParamLayout::make(config::parse_rl_config(small_job("", 6, zero)).value().trainer_shape())->total();
+  full.after_step = [&](size_t, const controller::JobProbe& probe) {
+    auto sums = probe.trainer_checksums();
+    REQUIRE(sums.size() == 2);
+    CHECK(sums[0] == sums[1]);  // each rank updated its segment; the allgather made them one model
+    auto held = probe.trainer_optimizer_floats();
+    REQUIRE(held.size() == 2);
+    CHECK(held[0] + held[1] == layout_total);  // each rank holds its segment's moments only
+    CHECK(held[0] - held[1] <= 1);
+    ++checked;
+  };
+  REQUIRE(controller::run_rl_job(s->runtime(), s->cluster(), small_job("checkpoint_every = 3\n", 6, zero), full));
+  CHECK(checked == 6);
+
+  // The checkpoint holds the whole optimizer state: both ranks' segments.
+  auto c = config::parse_rl_config(small_job("", 6, zero)).value();
+  auto layout = model::ParamLayout::make(c.trainer_shape()).value();
+  std::vector<float> params(layout.total());
+  model::AdamW whole_state(layout, c.algorithm.optim);
+  REQUIRE(model::load_training_state(whole.path / "checkpoints" / "step-000003" / "trainer.safetensors", layout,
+                                     params.data(), whole_state));
+  size_t trained = 0;  // steps whose groups all scored alike train nothing
+  for (const auto& e : events(whole.path / "metrics.jsonl", "step")) trained += e["step"] <= 3 && e.contains("loss");
+  REQUIRE(trained >= 1);
+  CHECK(whole_state.steps() == trained);
+  const size_t half = layout.total() / 2;
+  auto moved = [&](size_t begin, size_t end) {
+    size_t nonzero = 0;
+    for (size_t i = begin; i < end; ++i) nonzero += whole_state.v()[i] != 0.0f;
+    return nonzero;
+  };
+  CHECK(moved(0, half) > half / 2);
+  CHECK(moved(half, layout.total()) > half / 2);
+
+  // Three steps, then a resume to six: the same steps as the whole run.
+  auto first = quiet;
+  first.run_dir = part.path.string();
+  REQUIRE(controller::run_rl_job(s->runtime(), s->cluster(), small_job("checkpoint_every = 3\n", 3, zero), first));
+  auto again = first;
+  again.resume = true;
+  auto resumed = controller::run_rl_job(s->runtime(), s->cluster(), small_job("checkpoint_every = 3\n", 6, zero), again);
+  REQUIRE(resumed.has_value());
+  auto a = events(whole.path / "metrics.jsonl", "step");
+  auto b = events(part.path / "metrics.jsonl", "step");
+  REQUIRE(a.size() == 6);
+  REQUIRE(b.size() == 6);
+  check_same_steps(a, b, 3, 6);
+}
+
+TEST_CASE("rl job: ZeRO-1: kill -9 of a trainer rank goes back to the last checkpoint, and the run finishes and "
+          "learns",
+          "[rl][job][learning]") {
+  TempDir dir;
+  auto s = session();
+  std::string text = read_file(TROUPE_EXAMPLES_DIR "/rl/arithmetic_grpo.toml");
+  text = text.replace(text.find("ranks = 1"), 9, "ranks = 2\nshard_optimizer = true");
+  text = text.replace(text.find("engines = 1"), 11, "engines = 2");
+  controller::JobOptions options = quiet_options(dir.path);
+  bool killed = false;
+  options.after_step = [&](size_t step, const controller::JobProbe& probe) {
+    if (step == 60 && !killed) {  // checkpoint_every = 50: ten steps are lost
+      const int64_t pid = probe.trainer_pids().at(1);
+      REQUIRE(pid > 0);
+      REQUIRE(::kill(static_cast<pid_t>(pid), SIGKILL) == 0);
+      killed = true;
     }
+  };
+  auto r = controller::run_rl_job(s->runtime(), s->cluster(), text, options);
+  if (!r) FAIL(r.error().message());
+  CHECK(killed);
+  CHECK(r->faults >= 1);
+  size_t back = 0;
+  for (const auto& f : events(dir.path / "metrics.jsonl", "fault")) {
+    back += std::string(f["action"]).find("went back to the last checkpoint") != std::string::npos;
   }
+  CHECK(back == 1);
+  auto resumes = events(dir.path / "metrics.jsonl", "resume");
+  REQUIRE(resumes.size() == 1);
+  CHECK(resumes[0]["step"] == 50);
+  auto steps = events(dir.path / "metrics.jsonl", "step");
+  REQUIRE_FALSE(steps.empty());
+  CHECK(steps.back()["step"] == 100);
+  REQUIRE(r->evals.size() >= 1);
+  INFO("held-out accuracy at the end " << r->evals.back().second);
+  CHECK(r->evals.back().second > 0.85);
 }
 
 TEST_CASE("rl job: kill -9 of a rollout engine and of trainer ranks mid-run: the run finishes and learns",

@@ -112,9 +112,11 @@ class Transport {
   virtual void deregister_memory(uint64_t id) = 0;
   /// Reads (`write` false) `n` bytes at `remote_address` of the peer's
   /// region into `local`, or writes them from `local`. `done` runs once, on
-  /// a thread that progresses the transport; for writes it means the bytes
-  /// are in the peer's memory, not only that `local` may be reused. `local`
-  /// must stay valid until then. Errors come back through `done` too.
+  /// a thread that progresses the transport, or on the caller's when the
+  /// operation completes at once (a same-host region mapped directly: the
+  /// caller's thread does the copy); for writes it means the bytes are in
+  /// the peer's memory, not only that `local` may be reused. `local` must
+  /// stay valid until then. Errors come back through `done` too.
   virtual void rma(PeerId peer, bool write, void* local, size_t n, uint64_t remote_address,
                    const std::string& remote_key, RmaDone done) = 0;
 

@@ -10,6 +10,7 @@
 #include <poll.h>
 #include <ucp/api/ucp.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
@@ -22,6 +23,7 @@
 #include <utility>
 #include <vector>
 
+#include "bulk_copy.h"
 #include "log.h"
 #include "progress_gate.h"
 #include "transport.h"
@@ -523,7 +525,7 @@ class UcxTransport final : public Transport {
                    const std::string& remote_key, RmaDone& done) {
     std::shared_ptr<Ep> ep = find(peer);
     if (!ep) return Status(ErrorCode::peer_lost, "remote buffer: connection " + std::to_string(peer) + " is closed");
-    std::lock_guard<std::mutex> lock(ep->mu);
+    std::unique_lock<std::mutex> lock(ep->mu);
     if (ep->closed) return Status(ErrorCode::peer_lost, "remote buffer: the connection is closed");
     ucp_rkey_h rkey = nullptr;
     if (auto it = ep->rkeys.find(remote_key); it != ep->rkeys.end()) {
@@ -535,6 +537,16 @@ class UcxTransport final : public Transport {
                                                 ucs_status_string(s));
       }
       ep->rkeys.emplace(remote_key, rkey);
+    }
+    void* mapped = nullptr;
+    if (ucp_rkey_ptr(rkey, remote_address, &mapped) == UCS_OK) {
+      // The region is in shared memory this process has mapped (a peer on
+      // this host that allocated it through UCX): copy here, with streaming
+      // stores, rather than through UCX's get, which copies in fragments on
+      // the progress thread (half the bandwidth, and the thread that carries
+      // every message and heartbeat busy for the whole read).
+      direct_copy(*ep, lock, write, local, static_cast<char*>(mapped), n, done);
+      return {};
     }
     auto* op = new RmaOp{this, std::move(done)};
     ucp_request_param_t p{};
@@ -578,6 +590,33 @@ class UcxTransport final : public Transport {
     }
     if (tl_progressing != this) ucp_worker_signal(worker_);
     return {};
+  }
+
+  /// Copies to or from `mapped`, a peer's region mapped here, in slices:
+  /// the mapping lives as long as the connection's remote key, which drop()
+  /// destroys under `ep.mu`, so each slice is copied under it and the lock
+  /// is let go between slices (sends on the connection wait one slice at
+  /// most). Calls `done` on this thread. REQUIRES: `lock` holds `ep.mu`.
+  static void direct_copy(Ep& ep, std::unique_lock<std::mutex>& lock, bool write, void* local, char* mapped, size_t n,
+                          RmaDone& done) {
+    constexpr size_t kSliceBytes = size_t{16} << 20;  // ~1.5 ms at 12 GB/s
+    auto* here = static_cast<char*>(local);
+    for (size_t off = 0; off < n; off += kSliceBytes) {
+      if (!lock.owns_lock()) lock.lock();
+      if (ep.closed) {
+        lock.unlock();
+        return done(Status(ErrorCode::peer_lost, "remote buffer: the connection closed during the copy"));
+      }
+      const size_t len = std::min(kSliceBytes, n - off);
+      if (write) {
+        detail::bulk_copy(mapped + off, here + off, len);
+      } else {
+        detail::bulk_copy(here + off, mapped + off, len);
+      }
+      lock.unlock();
+    }
+    if (lock.owns_lock()) lock.unlock();
+    done(Status());
   }
 
   bool poll() override {

@@ -4,6 +4,8 @@
 #include <cstring>
 #include <string>
 
+#include "bulk_copy.h"
+
 #if TROUPE_WITH_CUDA
 #include <cuda_runtime_api.h>
 
@@ -64,7 +66,7 @@ bool is_device(const void* p) {
 Status copy(void* dst, const void* src, size_t n) {
   bool dst_dev = is_device(dst), src_dev = is_device(src);
   if (!dst_dev && !src_dev) {
-    std::memcpy(dst, src, n);
+    bulk_copy(dst, src, n);
     return {};
   }
   if (dst_dev && src_dev) {
@@ -100,7 +102,7 @@ Status copy(void* dst, const void* src, size_t n) {
 bool is_device(const void*) { return false; }
 
 Status copy(void* dst, const void* src, size_t n) {
-  std::memcpy(dst, src, n);
+  bulk_copy(dst, src, n);
   return {};
 }
 

@@ -415,7 +415,12 @@ Status Node::send_frame(Peer& peer, const wire::Message& header, std::string pay
   }
   f.payload = std::move(payload);
   peer.last_send_us = now_us();
-  return transport_->send(peer.id, std::move(f));
+  Status s = transport_->send(peer.id, std::move(f));
+  // The peer refused our hello and the connection closed after a caller
+  // found it open: the refusal (set before that close, which this failed
+  // send observed) is the reason, not the closed connection.
+  if (!s.ok() && !peer.refused.ok()) return peer.refused;
+  return s;
 }
 
 CellPtr Node::proxy_for(const std::string& address, uint64_t id) {
