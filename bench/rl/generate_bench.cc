@@ -8,7 +8,9 @@
 //   the memory-bound limit;
 // - batch 64: the products are (64 x C) x (C x 4C) matrices; the floor is
 //   OpenBLAS sgemm GFLOP/s at that shape, against the achieved GFLOP/s of
-//   the whole decode (2 flops per parameter per token plus attention).
+//   the whole decode (2 flops per parameter per token plus attention),
+//   batch-invariant (one matrix-vector product per row, the default) and
+//   not (one BLAS product for the 64 rows).
 #include <cblas.h>
 
 #include <chrono>
@@ -75,8 +77,11 @@ int main(int argc, char** argv) {
   const double mean_positions = static_cast<double>(prompt_len) + static_cast<double>(new_tokens) / 2;
   const double flops_per_token = 2 * weights + 4 * L * C * mean_positions;
 
-  for (size_t batch : {size_t{1}, size_t{64}}) {
+  // Batch-invariant decoding (the default: a row's bits do not depend on
+  // its batch) and BLAS's one product for all rows (batch_invariant off).
+  for (auto [batch, invariant] : {std::pair{size_t{1}, true}, std::pair{size_t{64}, true}, std::pair{size_t{64}, false}}) {
     auto cache = KvCache::make(cfg, batch).value();
+    cache.set_batch_invariant(invariant);
     std::vector<std::vector<int32_t>> prompts(batch);
     for (size_t i = 0; i < batch; ++i) {
       for (size_t t = 0; t < prompt_len; ++t) prompts[i].push_back(static_cast<int32_t>((i * 31 + t * 7) % 256));
@@ -96,7 +101,8 @@ int main(int argc, char** argv) {
       }
     }
     const double tokens_per_s = static_cast<double>(batch * new_tokens) / quantile(secs, 0.5);
-    const std::string metric = "tokens_per_s_batch" + std::to_string(batch) + "_" + shape;
+    const std::string metric =
+        "tokens_per_s_batch" + std::to_string(batch) + "_" + shape + (invariant ? "" : "_not_batch_invariant");
     if (batch == 1) {
       const double floor_tokens_per_s = 1.0 / sgemv_pass_seconds(*model, quick ? 5 : 20);
       emit("rl.model_cpu_generate", metric, tokens_per_s, "tokens/s", "OpenBLAS sgemv over the weights (1 pass/token)",
@@ -104,7 +110,8 @@ int main(int argc, char** argv) {
     } else {
       emit("rl.model_cpu_generate", metric, tokens_per_s, "tokens/s", "", 0, "report");
       const double gflops = tokens_per_s * flops_per_token / 1e9;
-      emit("rl.model_cpu_generate", "gflops_batch64_" + shape, gflops, "GFLOP/s",
+      emit("rl.model_cpu_generate", "gflops_batch64_" + shape + (invariant ? "" : "_not_batch_invariant"), gflops,
+           "GFLOP/s",
            "OpenBLAS sgemm (64 x C x 4C), this run", sgemm_gflops(batch, 4 * cfg.channels, cfg.channels, 10),
            "report");
     }

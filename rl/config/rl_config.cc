@@ -373,6 +373,7 @@ Result<RlConfig> parse_rl_config(std::string_view text, std::string_view source_
     r.count("threads", o.threads, 1, 1024);
     r.count("max_sequences", o.max_sequences, 1, 65536);
     r.count("groups_in_flight", o.groups_in_flight, 1, 4096);
+    r.boolean("batch_invariant", o.batch_invariant);
     // Larger single reads stall a worker's transport past its heartbeats (see docs/rl.md).
     r.count("sync_bucket_bytes", o.sync_bucket_bytes, 4096, size_t{64} << 20);
     r.count("sync_reads_in_flight", o.sync_reads_in_flight, 1, 64);
@@ -481,6 +482,7 @@ std::string rl_config_json(const RlConfig& c) {
                   {"threads", c.rollout.threads},
                   {"max_sequences", c.rollout.max_sequences},
                   {"groups_in_flight", c.rollout.groups_in_flight},
+                  {"batch_invariant", c.rollout.batch_invariant},
                   {"sync_bucket_bytes", c.rollout.sync_bucket_bytes},
                   {"sync_reads_in_flight", c.rollout.sync_reads_in_flight}};
   j["reward"] = {{"workers", c.reward.workers}, {"sandboxes", c.reward.sandboxes}};

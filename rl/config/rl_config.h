@@ -153,6 +153,11 @@ struct RolloutConfig {
   /// Prompt groups the driver keeps in flight per engine (continuous
   /// batching: new groups join between decode steps).
   size_t groups_in_flight = 8;
+  /// A sequence's log-probabilities do not depend on what shares its
+  /// decode steps (KvCache::set_batch_invariant): a seeded job gives the
+  /// same bits every run, and a resumed one the steps it would have taken.
+  /// Off: faster decoding on larger models, reproducible to ~1e-7.
+  bool batch_invariant = true;
   /// Weight sync moves the parameters in buckets of this many bytes, this
   /// many reads in flight per engine.
   size_t sync_bucket_bytes = 4u << 20;

@@ -768,7 +768,9 @@ Status Job::checkpoint(size_t step) {
   if (ec) return Status(ErrorCode::storage, "checkpoint: cannot create " + dir.string() + ": " + ec.message());
   // Rank 0 writes the state; with a sharded optimizer every rank takes
   // part (the moments are gathered from all of them).
-  const trainer::SaveTrainerState save{(dir / "trainer.safetensors").string(), {{"rl.step", std::to_string(step)}}};
+  const trainer::SaveTrainerState save{(dir / "trainer.safetensors").string(),
+                                       {{"rl.step", std::to_string(step)}},
+                                       (dir / "reference.safetensors").string()};
   const size_t savers = sharded() ? meshes_.trainers->size() : 1;
   std::vector<Future<void>> saves;
   for (size_t r = 0; r < savers; ++r) saves.push_back(meshes_.trainers->member(r).ask(save, timeout_));
@@ -818,8 +820,9 @@ Result<size_t> Job::resume() {
     say("warning: the config differs from the checkpoint's; resuming with the new one");
   }
   const std::string state = (*latest / "trainer.safetensors").string();
+  const std::string reference = (*latest / "reference.safetensors").string();
   for (size_t r = 0; r < meshes_.trainers->size(); ++r) {
-    auto loaded = meshes_.trainers->member(r).ask(trainer::LoadTrainerState{state}, timeout_).get();
+    auto loaded = meshes_.trainers->member(r).ask(trainer::LoadTrainerState{state, reference}, timeout_).get();
     if (!loaded) return error(loaded.error().code(), "resume: " + loaded.error().message());
   }
   auto infos = trainer_infos();

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <vector>
 
 #include "model/threads.h"
 
@@ -364,6 +365,21 @@ void matmul_forward(F* out, const F* inp, const F* weight, const F* bias, size_t
     }
     gemm(false, true, n1 - n0, j1 - j0, C, F(1), inp + n0 * C, C, weight + j0 * C, C, bias != nullptr ? F(1) : F(0),
          out + n0 * OC + j0, OC);
+  });
+}
+
+void matmul_forward_invariant(float* out, const float* inp, const float* weight, const float* bias, size_t N,
+                              size_t C, size_t OC) {
+  // One matrix-vector product per row: the same call, so the same bits,
+  // whatever the other rows.
+  const size_t grain = std::max<size_t>(1, kGemmMinMacs / std::max<size_t>(1, C * OC));
+  parallel_for(N, grain, [&](size_t n0, size_t n1) {
+    for (size_t n = n0; n < n1; ++n) {
+      float* y = out + n * OC;
+      if (bias != nullptr) std::copy(bias, bias + OC, y);
+      cblas_sgemv(CblasRowMajor, CblasNoTrans, static_cast<int>(OC), static_cast<int>(C), 1.0f, weight,
+                  static_cast<int>(C), inp + n * C, 1, bias != nullptr ? 1.0f : 0.0f, y, 1);
+    }
   });
 }
 

@@ -82,11 +82,19 @@ Status KvCache::append(const Gpt<float>& model, std::span<const DecodeRow> rows,
     float* x = x_.data() + i * C;
     for (size_t c = 0; c < C; ++c) x[c] = te[c] + pe[c];
   }
+  auto product = [this](float* out, const float* inp, const float* weight, const float* bias, size_t rows, size_t in,
+                        size_t outs) {
+    if (batch_invariant_) {
+      matmul_forward_invariant(out, inp, weight, bias, rows, in, outs);
+    } else {
+      matmul_forward(out, inp, weight, bias, rows, in, outs);
+    }
+  };
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
   for (size_t l = 0; l < config_.layers; ++l) {
     const LayerOffsets& o = layout.layer(l);
     layernorm_forward(ln_.data(), mean_.data(), rstd_.data(), x_.data(), p + o.ln1_w, p + o.ln1_b, n, C);
-    matmul_forward(qkv_.data(), ln_.data(), p + o.qkv_w, p + o.qkv_b, n, C, 3 * C);
+    product(qkv_.data(), ln_.data(), p + o.qkv_w, p + o.qkv_b, n, C, 3 * C);
     // Cache every row's key and value first: a row may attend to an earlier
     // row of the same step (a prompt's tokens).
     for (size_t i = 0; i < n; ++i) {
@@ -114,16 +122,16 @@ Status KvCache::append(const Gpt<float>& model, std::span<const DecodeRow> rows,
                     values + h * hs, static_cast<int>(C), s, 1, 0.0f, atty_.data() + i * C + h * hs, 1);
       }
     }
-    matmul_forward(proj_.data(), atty_.data(), p + o.proj_w, p + o.proj_b, n, C, C);
+    product(proj_.data(), atty_.data(), p + o.proj_w, p + o.proj_b, n, C, C);
     for (size_t j = 0; j < n * C; ++j) x_[j] += proj_[j];
     layernorm_forward(ln_.data(), mean_.data(), rstd_.data(), x_.data(), p + o.ln2_w, p + o.ln2_b, n, C);
-    matmul_forward(fch_.data(), ln_.data(), p + o.fc_w, p + o.fc_b, n, C, 4 * C);
+    product(fch_.data(), ln_.data(), p + o.fc_w, p + o.fc_b, n, C, 4 * C);
     gelu_forward(fch_gelu_.data(), fch_.data(), n * 4 * C);
-    matmul_forward(proj_.data(), fch_gelu_.data(), p + o.fcproj_w, p + o.fcproj_b, n, 4 * C, C);
+    product(proj_.data(), fch_gelu_.data(), p + o.fcproj_w, p + o.fcproj_b, n, 4 * C, C);
     for (size_t j = 0; j < n * C; ++j) x_[j] += proj_[j];
   }
   layernorm_forward(ln_.data(), mean_.data(), rstd_.data(), x_.data(), p + layout.lnf_w(), p + layout.lnf_b(), n, C);
-  matmul_forward(logits, ln_.data(), p + layout.lm_head(), static_cast<const float*>(nullptr), n, C, V);
+  product(logits, ln_.data(), p + layout.lm_head(), nullptr, n, C, V);
   return {};
 }
 

@@ -38,6 +38,7 @@ RolloutEngine::RolloutEngine(std::string config_toml)
   auto cache = model::KvCache::make(config_.model.shape, config_.rollout.max_sequences);
   if (!cache) throw std::runtime_error("rollout engine: " + cache.error().message());
   cache_.emplace(std::move(*cache));
+  cache_->set_batch_invariant(config_.rollout.batch_invariant);
   for (size_t s = config_.rollout.max_sequences; s-- > 0;) free_slots_.push_back(static_cast<uint32_t>(s));
   const size_t V = config_.model.shape.vocab_size;
   scratch_.resize(V);

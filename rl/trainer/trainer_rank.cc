@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <span>
 #include <stdexcept>
 
@@ -251,6 +252,7 @@ Deferred<void> TrainerRank::handle(const SaveTrainerState& m) {
   const auto& gpt = trainer_->model();
   if (!shard_) {
     Status s = model::save_training_state(m.path, gpt.layout(), gpt.params(), trainer_->optimizer(), meta);
+    if (s.ok()) s = save_reference(m.reference_path);
     s.ok() ? reply.complete() : reply.fail(s);
     return reply;
   }
@@ -263,18 +265,20 @@ Deferred<void> TrainerRank::handle(const SaveTrainerState& m) {
   const auto& opt = trainer_->optimizer();
   std::copy(opt.m().begin(), opt.m().end(), gathered->first.begin() + shard_->begin);
   std::copy(opt.v().begin(), opt.v().end(), gathered->second.begin() + shard_->begin);
-  const std::string path = m.path;
+  const std::string path = m.path, reference_path = m.reference_path;
   collective(CollectiveKind::allgather, gathered->first.data(), n, DType::float32, "optimizer state gather",
-             [this, reply, gathered, path, meta, n](Status s) mutable {
+             [this, reply, gathered, path, reference_path, meta, n](Status s) mutable {
                if (!s.ok()) return reply.fail(s);
                collective(CollectiveKind::allgather, gathered->second.data(), n, DType::float32,
-                          "optimizer state gather", [this, reply, gathered, path, meta](Status s) mutable {
+                          "optimizer state gather",
+                          [this, reply, gathered, path, reference_path, meta](Status s) mutable {
                             if (!s.ok()) return reply.fail(s);
                             if (group_->rank != 0) return reply.complete();
                             const auto& gpt = trainer_->model();
                             s = model::save_training_state(path, gpt.layout(), gpt.params(), gathered->first.data(),
                                                            gathered->second.data(), trainer_->optimizer().steps(),
                                                            meta);
+                            if (s.ok()) s = save_reference(reference_path);
                             s.ok() ? reply.complete() : reply.fail(s);
                           });
              });
@@ -290,11 +294,32 @@ Deferred<std::vector<std::pair<std::string, std::string>>> TrainerRank::handle(c
     reply.fail(Status(meta.error().code(), "trainer: resume: " + meta.error().message()));
     return reply;
   }
+  std::optional<model::Gpt<float>> reference;
+  std::error_code ec;
+  if (config_.algorithm.loss.kl_coef > 0 && !m.reference_path.empty() &&
+      std::filesystem::exists(m.reference_path, ec)) {
+    reference.emplace(loaded.model());  // the shape; its weights are the file's
+    if (Status s = model::load_model(m.reference_path, reference->layout(), reference->params()); !s.ok()) {
+      reply.fail(Status(s.code(), "trainer: resume: the reference policy: " + s.message()));
+      return reply;
+    }
+  }
   trainer_.emplace(std::move(loaded));
   rl_phase_ = true;
-  if (config_.algorithm.loss.kl_coef > 0) reference_.reset();
+  // Without a saved reference (kl_coef was 0 when it was written), the
+  // loaded weights become it at the next step.
+  reference_ = std::move(reference);
   reply.complete({meta->begin(), meta->end()});
   return reply;
+}
+
+Status TrainerRank::save_reference(const std::string& path) {
+  if (path.empty() || config_.algorithm.loss.kl_coef <= 0) return {};
+  // Made now if no step made it yet: the weights the next step would take.
+  if (!reference_) reference_.emplace(trainer_->model());
+  Status s = model::save_model(path, reference_->layout(), reference_->params());
+  if (!s.ok()) return Status(s.code(), "trainer: the reference policy: " + s.message());
+  return {};
 }
 
 Result<TrainerStateHandles> TrainerRank::handle(const ExportTrainerState&) {
@@ -316,8 +341,13 @@ Result<TrainerStateHandles> TrainerRank::handle(const ExportTrainerState&) {
   copy(exported_params_, gpt.params());
   copy(exported_m_, trainer_->optimizer().m().data());
   copy(exported_v_, trainer_->optimizer().v().data());
+  RemoteBuffer reference;
+  if (reference_) {
+    copy(exported_reference_, reference_->params());
+    reference = exported_reference_.handle();
+  }
   return TrainerStateHandles{exported_params_.handle(), exported_m_.handle(), exported_v_.handle(),
-                             trainer_->optimizer().steps(), n};
+                             trainer_->optimizer().steps(), n, reference};
 }
 
 Deferred<uint64_t> TrainerRank::handle(const ImportTrainerState& m) {
@@ -331,7 +361,7 @@ Deferred<uint64_t> TrainerRank::handle(const ImportTrainerState& m) {
   // Three reads into buffers the reads own; the state changes only once
   // all three are in.
   struct Incoming {
-    std::vector<float> params, m, v;
+    std::vector<float> params, m, v, reference;
     int left = 3;
     Status failed;
   };
@@ -339,6 +369,11 @@ Deferred<uint64_t> TrainerRank::handle(const ImportTrainerState& m) {
   in->params.resize(n);
   in->m.resize(n);
   in->v.resize(n);
+  const bool has_reference = static_cast<bool>(m.from.reference);
+  if (has_reference) {
+    in->reference.resize(n);
+    in->left = 4;
+  }
   const uint64_t steps = m.from.optimizer_steps;
   const bool rl_phase = m.rl_phase;
   auto done = [this, in, reply, steps, rl_phase](Result<void> r) mutable {
@@ -351,6 +386,13 @@ Deferred<uint64_t> TrainerRank::handle(const ImportTrainerState& m) {
     }
     rl_phase_ = rl_phase;
     std::memcpy(trainer_->model().params(), in->params.data(), in->params.size() * sizeof(float));
+    // The survivor's reference policy, or none (then the copied weights
+    // become it at the next step, as the survivor's would have).
+    reference_.reset();
+    if (!in->reference.empty()) {
+      reference_.emplace(trainer_->model());
+      std::memcpy(reference_->params(), in->reference.data(), in->reference.size() * sizeof(float));
+    }
     if (Status s = trainer_->optimizer().restore(std::move(in->m), std::move(in->v), steps); !s.ok()) {
       return reply.fail(s);
     }
@@ -359,6 +401,7 @@ Deferred<uint64_t> TrainerRank::handle(const ImportTrainerState& m) {
   read_buffer_into(m.from.params, in, in->params.data(), n * sizeof(float)).then(done);
   read_buffer_into(m.from.m, in, in->m.data(), n * sizeof(float)).then(done);
   read_buffer_into(m.from.v, in, in->v.data(), n * sizeof(float)).then(done);
+  if (has_reference) read_buffer_into(m.from.reference, in, in->reference.data(), n * sizeof(float)).then(done);
   return reply;
 }
 

@@ -116,14 +116,19 @@ struct StartRlPhase {
 struct SaveTrainerState {
   std::string path;
   std::vector<std::pair<std::string, std::string>> metadata;
-  TROUPE_MESSAGE_NAMED(SaveTrainerState, "troupe.rl.SaveTrainerState", path, metadata);
+  /// Where the KL penalty's reference policy goes (a model file; empty:
+  /// not saved).
+  std::string reference_path;
+  TROUPE_MESSAGE_NAMED(SaveTrainerState, "troupe.rl.SaveTrainerState", path, metadata, reference_path);
 };
 
 /// Reads a training state written by SaveTrainerState; replies with its
-/// metadata.
+/// metadata. The reference policy comes from `reference_path` when that
+/// file exists, else it is the loaded weights (a checkpoint without one).
 struct LoadTrainerState {
   std::string path;
-  TROUPE_MESSAGE_NAMED(LoadTrainerState, "troupe.rl.LoadTrainerState", path);
+  std::string reference_path;
+  TROUPE_MESSAGE_NAMED(LoadTrainerState, "troupe.rl.LoadTrainerState", path, reference_path);
 };
 
 /// The rank's whole state for another rank to copy (a rank that restarted
@@ -132,7 +137,9 @@ struct TrainerStateHandles {
   RemoteBuffer params, m, v;
   uint64_t optimizer_steps = 0;
   uint64_t floats = 0;
-  TROUPE_FIELDS(params, m, v, optimizer_steps, floats);
+  /// The KL penalty's reference policy (empty: the rank has none).
+  RemoteBuffer reference;
+  TROUPE_FIELDS(params, m, v, optimizer_steps, floats, reference);
 };
 struct ExportTrainerState {
   TROUPE_MESSAGE_NAMED(ExportTrainerState, "troupe.rl.ExportTrainerState");
@@ -193,7 +200,7 @@ class TrainerRank : public Actor<TrainerRank, JoinTrainerGroup, TrainStep, Publi
   std::optional<CollectiveGroup> group_;
   // The published copy of the parameters, and the exported state.
   BufferRegistration published_;
-  BufferRegistration exported_params_, exported_m_, exported_v_;
+  BufferRegistration exported_params_, exported_m_, exported_v_, exported_reference_;
   std::vector<float> ref_logprobs_;
   // Past the warm-up (StartRlPhase, a resume, or a copied RL-phase state).
   bool rl_phase_ = false;
@@ -203,6 +210,9 @@ class TrainerRank : public Actor<TrainerRank, JoinTrainerGroup, TrainStep, Publi
   // Each rank's squared gradient norm (a sharded step's allgather).
   std::vector<double> norm_parts_;
 
+  // Writes the reference policy to `path` (nothing when the path is empty
+  // or the job has no KL penalty).
+  Status save_reference(const std::string& path);
   // The optimizer settings of the phase the rank is in.
   model::AdamWConfig optim_now() const;
   // Runs a collective of the rank's group on `data` in place; `then` gets
