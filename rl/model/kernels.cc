@@ -368,21 +368,6 @@ void matmul_forward(F* out, const F* inp, const F* weight, const F* bias, size_t
   });
 }
 
-void matmul_forward_invariant(float* out, const float* inp, const float* weight, const float* bias, size_t N,
-                              size_t C, size_t OC) {
-  // One matrix-vector product per row: the same call, so the same bits,
-  // whatever the other rows.
-  const size_t grain = std::max<size_t>(1, kGemmMinMacs / std::max<size_t>(1, C * OC));
-  parallel_for(N, grain, [&](size_t n0, size_t n1) {
-    for (size_t n = n0; n < n1; ++n) {
-      float* y = out + n * OC;
-      if (bias != nullptr) std::copy(bias, bias + OC, y);
-      cblas_sgemv(CblasRowMajor, CblasNoTrans, static_cast<int>(OC), static_cast<int>(C), 1.0f, weight,
-                  static_cast<int>(C), inp + n * C, 1, bias != nullptr ? 1.0f : 0.0f, y, 1);
-    }
-  });
-}
-
 template <typename F>
 void matmul_backward(F* dinp, F* dweight, F* dbias, const F* dout, const F* inp, const F* weight, size_t N, size_t C,
                      size_t OC, Grad mode) {

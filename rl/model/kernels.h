@@ -57,10 +57,9 @@ void matmul_forward(F* out, const F* inp, const F* weight, const F* bias, size_t
 /// The same product, batch-invariant: each row's output has the same bits
 /// whatever N and the other rows are (matmul_forward's do not: BLAS picks
 /// its kernels by the product's shape, and OpenBLAS's rows differ from 8
-/// rows up). One matrix-vector product per row, so continuous batching
-/// (sequences joining and leaving a decode step) never changes a
-/// sequence's log-probabilities; W is read once per row (from cache on
-/// small models).
+/// rows up), so continuous batching (sequences joining and leaving a decode
+/// step) never changes a sequence's log-probabilities. Each element's
+/// operations are fixed (invariant_matmul.cc); not BLAS's speed.
 void matmul_forward_invariant(float* out, const float* inp, const float* weight, const float* bias, size_t N, size_t C,
                               size_t OC);
 /// dinp (N,C) += (or = by `mode`) dout x weight; dweight (OC,C) += dout^T

@@ -512,3 +512,41 @@ TEST_CASE("compute threads: the kernels give the same results at 1, 2 and 4 thre
   }
   set_compute_threads(0);
 }
+
+TEST_CASE("model kernels: the batch-invariant product gives each row the same bits at any batch size and thread "
+          "count, and the product's value",
+          "[rl][model]") {
+  // Inner sizes with and without a partial 16-lane piece; outputs not a
+  // multiple of the 4-output blocks.
+  for (auto [C, OC] : {std::pair<size_t, size_t>{64, 193}, {37, 30}, {256, 1024}}) {
+    INFO("C " << C << " OC " << OC);
+    std::mt19937 rng(static_cast<uint32_t>(C * 1000 + OC));
+    std::normal_distribution<float> d;
+    const size_t N = 13;
+    std::vector<float> in(N * C), w(OC * C), bias(OC);
+    for (auto& x : in) x = d(rng);
+    for (auto& x : w) x = d(rng);
+    for (auto& x : bias) x = d(rng);
+    // Each row alone.
+    std::vector<float> alone(N * OC);
+    for (size_t n = 0; n < N; ++n) {
+      matmul_forward_invariant(alone.data() + n * OC, in.data() + n * C, w.data(), bias.data(), 1, C, OC);
+    }
+    for (size_t threads : {size_t{1}, size_t{2}}) {
+      set_compute_threads(threads);
+      for (size_t rows : {size_t{2}, size_t{5}, N}) {
+        // Rows [N - rows, N) together.
+        std::vector<float> together(rows * OC);
+        matmul_forward_invariant(together.data(), in.data() + (N - rows) * C, w.data(), bias.data(), rows, C, OC);
+        CHECK(std::equal(together.begin(), together.end(), alone.begin() + (N - rows) * OC));
+      }
+    }
+    set_compute_threads(1);
+    // And it is the product: BLAS's to float rounding.
+    std::vector<float> blas(N * OC);
+    matmul_forward(blas.data(), in.data(), w.data(), bias.data(), N, C, OC);
+    double worst = 0;
+    for (size_t i = 0; i < blas.size(); ++i) worst = std::max(worst, std::abs(double(blas[i]) - alone[i]));
+    CHECK(worst < 1e-3);
+  }
+}
