@@ -35,12 +35,20 @@ constexpr size_t kRows = 4, kOuts = 4;
   }
 }
 
-// The lanes' sum, always by this tree: halves, quarters, pairs.
-[[gnu::always_inline]] inline float lane_sum(const V16& v) {
-  const V8 a = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7) +
-               __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
-  const V4 b = __builtin_shufflevector(a, a, 0, 1, 2, 3) + __builtin_shufflevector(a, a, 4, 5, 6, 7);
-  return (b[0] + b[2]) + (b[1] + b[3]);
+// The lane sums of four accumulators (one output each), every one by the
+// same tree: halves, then quarters, then (0 + 2) + (1 + 3). Four at a time,
+// so that the tree is a few vector operations, not sixteen scalar ones per
+// output; an output's sum does not depend on the other three.
+[[gnu::always_inline]] inline void lane_sums(V4& out, const V16& v0, const V16& v1, const V16& v2, const V16& v3) {
+  const V16 p01 = __builtin_shufflevector(v0, v1, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) +
+                  __builtin_shufflevector(v0, v1, 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
+  const V16 p23 = __builtin_shufflevector(v2, v3, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) +
+                  __builtin_shufflevector(v2, v3, 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
+  const V16 q = __builtin_shufflevector(p01, p23, 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27) +
+                __builtin_shufflevector(p01, p23, 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
+  const V8 c = __builtin_shufflevector(q, q, 0, 1, 4, 5, 8, 9, 12, 13) +
+               __builtin_shufflevector(q, q, 2, 3, 6, 7, 10, 11, 14, 15);
+  out = __builtin_shufflevector(c, c, 0, 2, 4, 6) + __builtin_shufflevector(c, c, 1, 3, 5, 7);
 }
 
 template <size_t R, size_t J>
@@ -70,11 +78,12 @@ template <size_t R, size_t J>
       for (size_t j = 0; j < J; ++j) acc[r][j] += x[r] * w[j];
     }
   }
+  const V16 zero{};
   for (size_t r = 0; r < R; ++r) {
-    for (size_t j = 0; j < J; ++j) {
-      const float s = lane_sum(acc[r][j]);
-      out[(n0 + r) * OC + j0 + j] = bias != nullptr ? bias[j0 + j] + s : s;
-    }
+    V4 sums;
+    lane_sums(sums, acc[r][0], J > 1 ? acc[r][J > 1 ? 1 : 0] : zero, J > 2 ? acc[r][J > 2 ? 2 : 0] : zero,
+              J > 3 ? acc[r][J > 3 ? 3 : 0] : zero);
+    for (size_t j = 0; j < J; ++j) out[(n0 + r) * OC + j0 + j] = bias != nullptr ? bias[j0 + j] + sums[j] : sums[j];
   }
 }
 
