@@ -1159,12 +1159,14 @@ Result<JobResult> run_rl_job(Runtime& runtime, const ClusterClient& cluster, con
       r->faults += faults;
       return r;
     }
-    // Only a lost optimizer shard is recovered this way, and only from a
-    // checkpoint this run has written (else the error says what to do).
+    // A state no survivor holds (a lost optimizer shard, or every rank
+    // restarted) is recovered this way, from the run directory's last
+    // checkpoint, twice at most; anything else is the caller's to see.
     if (!job.resume_from_checkpoint() || attempt == 2 || !has_checkpoint(now.run_dir)) {
       if (job.resume_from_checkpoint() && !has_checkpoint(now.run_dir)) {
-        return error(r.error().code(), r.error().message() + "; there is no checkpoint yet (set "
-                                                               "run.checkpoint_every to have some, or run again)");
+        return error(r.error().code(), r.error().message() + "; there is no checkpoint to go back to yet "
+                                                               "(they are written every run.checkpoint_every RL "
+                                                               "steps): run again");
       }
       return r;
     }
