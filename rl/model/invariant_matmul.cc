@@ -7,8 +7,9 @@
 // sums k = i, i+16, ...: a multiply, then an add, each rounded: this file
 // is compiled with -ffp-contract=off, so that no instantiation fuses them
 // and another does not), then the lanes are added by one fixed tree. Blocks
-// of 4 rows x 4 outputs share their loads; a block at an edge has fewer of
-// either, and the same operations per element.
+// of rows x outputs share their loads (their shape and register width per
+// ISA, below); a block at an edge has fewer of either, and the same
+// operations per element. So the bits are the same on any x86-64 too.
 #include <algorithm>
 #include <cstring>
 
@@ -22,7 +23,7 @@ using V16 = float __attribute__((vector_size(64)));
 using V8 = float __attribute__((vector_size(32)));
 using V4 = float __attribute__((vector_size(16)));
 constexpr size_t kLanes = 16;
-constexpr size_t kRows = 4, kOuts = 4;
+constexpr size_t kRows = 4;  // rows a thread takes at once
 
 // Vectors go by reference: passing 64-byte vectors by value is
 // ABI-dependent on the target.
@@ -51,22 +52,29 @@ constexpr size_t kRows = 4, kOuts = 4;
   out = __builtin_shufflevector(c, c, 0, 2, 4, 6) + __builtin_shufflevector(c, c, 1, 3, 5, 7);
 }
 
-template <size_t R, size_t J>
+// R rows x J outputs. An element's 16 lanes live in 16/P-lane registers
+// (VR; P parts each), as wide as the ISA has: lane for lane the same
+// multiplies and adds in any shape and width.
+template <size_t R, size_t J, typename VR>
 [[gnu::always_inline]] inline void block(float* out, const float* inp, const float* weight, const float* bias,
                                          size_t C, size_t OC, size_t n0, size_t j0) {
-  V16 acc[R][J] = {};
+  constexpr size_t P = sizeof(V16) / sizeof(VR), W = kLanes / P;
+  VR acc[R][J][P] = {};
   size_t k = 0;
   for (; k + kLanes <= C; k += kLanes) {
-    V16 x[R], w[J];
     // Unrolled, so that the accumulators stay in registers.
 #pragma GCC unroll 4
-    for (size_t r = 0; r < R; ++r) std::memcpy(&x[r], inp + (n0 + r) * C + k, sizeof(V16));
+    for (size_t p = 0; p < P; ++p) {
+      VR x[R], w[J];
 #pragma GCC unroll 4
-    for (size_t j = 0; j < J; ++j) std::memcpy(&w[j], weight + (j0 + j) * C + k, sizeof(V16));
+      for (size_t r = 0; r < R; ++r) std::memcpy(&x[r], inp + (n0 + r) * C + k + p * W, sizeof(VR));
 #pragma GCC unroll 4
-    for (size_t r = 0; r < R; ++r) {
+      for (size_t j = 0; j < J; ++j) std::memcpy(&w[j], weight + (j0 + j) * C + k + p * W, sizeof(VR));
 #pragma GCC unroll 4
-      for (size_t j = 0; j < J; ++j) acc[r][j] += x[r] * w[j];
+      for (size_t r = 0; r < R; ++r) {
+#pragma GCC unroll 4
+        for (size_t j = 0; j < J; ++j) acc[r][j][p] += x[r] * w[j];
+      }
     }
   }
   if (k < C) {
@@ -74,50 +82,94 @@ template <size_t R, size_t J>
     V16 x[R], w[J];
     for (size_t r = 0; r < R; ++r) load(x[r], inp + (n0 + r) * C + k, C - k);
     for (size_t j = 0; j < J; ++j) load(w[j], weight + (j0 + j) * C + k, C - k);
-    for (size_t r = 0; r < R; ++r) {
-      for (size_t j = 0; j < J; ++j) acc[r][j] += x[r] * w[j];
+    for (size_t p = 0; p < P; ++p) {
+      for (size_t r = 0; r < R; ++r) {
+        for (size_t j = 0; j < J; ++j) {
+          VR xp, wp;
+          std::memcpy(&xp, reinterpret_cast<const float*>(&x[r]) + p * W, sizeof(VR));
+          std::memcpy(&wp, reinterpret_cast<const float*>(&w[j]) + p * W, sizeof(VR));
+          acc[r][j][p] += xp * wp;
+        }
+      }
     }
   }
   const V16 zero{};
   for (size_t r = 0; r < R; ++r) {
     V4 sums;
-    lane_sums(sums, acc[r][0], J > 1 ? acc[r][J > 1 ? 1 : 0] : zero, J > 2 ? acc[r][J > 2 ? 2 : 0] : zero,
-              J > 3 ? acc[r][J > 3 ? 3 : 0] : zero);
+    if constexpr (P == 1) {
+      lane_sums(sums, acc[r][0][0], J > 1 ? acc[r][J > 1 ? 1 : 0][0] : zero, J > 2 ? acc[r][J > 2 ? 2 : 0][0] : zero,
+                J > 3 ? acc[r][J > 3 ? 3 : 0][0] : zero);
+    } else {
+      V16 whole[4] = {};
+      for (size_t j = 0; j < J; ++j) std::memcpy(&whole[j], acc[r][j], sizeof(V16));
+      lane_sums(sums, whole[0], whole[1], whole[2], whole[3]);
+    }
     for (size_t j = 0; j < J; ++j) out[(n0 + r) * OC + j0 + j] = bias != nullptr ? bias[j0 + j] + sums[j] : sums[j];
   }
 }
 
-template <size_t R>
+// Rows [n0, n0 + rows) in blocks of RB rows x JB outputs (an edge block
+// has fewer of either; each element's operations are the same in any).
+template <size_t R, size_t JB, typename VR>
 [[gnu::always_inline]] inline void row_block(float* out, const float* inp, const float* weight, const float* bias,
                                              size_t C, size_t OC, size_t n0) {
   size_t j0 = 0;
-  for (; j0 + kOuts <= OC; j0 += kOuts) block<R, kOuts>(out, inp, weight, bias, C, OC, n0, j0);
-  switch (OC - j0) {
-    case 1: block<R, 1>(out, inp, weight, bias, C, OC, n0, j0); break;
-    case 2: block<R, 2>(out, inp, weight, bias, C, OC, n0, j0); break;
-    case 3: block<R, 3>(out, inp, weight, bias, C, OC, n0, j0); break;
-    default: break;
+  for (; j0 + JB <= OC; j0 += JB) block<R, JB, VR>(out, inp, weight, bias, C, OC, n0, j0);
+  if constexpr (JB > 1) {
+    if (OC - j0 == 1) block<R, 1, VR>(out, inp, weight, bias, C, OC, n0, j0);
+  }
+  if constexpr (JB > 2) {
+    if (OC - j0 == 2) block<R, 2, VR>(out, inp, weight, bias, C, OC, n0, j0);
+  }
+  if constexpr (JB > 3) {
+    if (OC - j0 == 3) block<R, 3, VR>(out, inp, weight, bias, C, OC, n0, j0);
   }
 }
 
-// Rows [n0, n0 + rows), rows <= kRows. Compiled for each vector ISA (the
-// loader picks the machine's; kernels.cc does the same): the hot loops are
-// here, inlined, not in the caller.
-__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"))) void rows_block(
-    float* out, const float* inp, const float* weight, const float* bias, size_t C, size_t OC, size_t n0,
-    size_t rows) {
-  switch (rows) {
-    case 1: row_block<1>(out, inp, weight, bias, C, OC, n0); break;
-    case 2: row_block<2>(out, inp, weight, bias, C, OC, n0); break;
-    case 3: row_block<3>(out, inp, weight, bias, C, OC, n0); break;
-    default: row_block<4>(out, inp, weight, bias, C, OC, n0); break;
+template <size_t RB, size_t JB, typename VR>
+[[gnu::always_inline]] inline void rows_shaped(float* out, const float* inp, const float* weight, const float* bias,
+                                               size_t C, size_t OC, size_t n0, size_t rows) {
+  for (size_t n = n0; n < n0 + rows; n += RB) {
+    switch (std::min(RB, n0 + rows - n)) {
+      case 1: row_block<1, JB, VR>(out, inp, weight, bias, C, OC, n); break;
+      case 2: if constexpr (RB >= 2) row_block<2, JB, VR>(out, inp, weight, bias, C, OC, n); break;
+      case 3: if constexpr (RB >= 3) row_block<3, JB, VR>(out, inp, weight, bias, C, OC, n); break;
+      default: if constexpr (RB >= 4) row_block<4, JB, VR>(out, inp, weight, bias, C, OC, n); break;
+    }
   }
+}
+
+// One compilation per vector ISA, each with the registers and the block
+// that fit it: AVX-512, 16-lane registers, 4 rows x 4 outputs; AVX2, 8-lane
+// registers, 2 x 2; SSE2, 4-lane, 1 x 2 (AVX-512's block on AVX2 spilled:
+// 25 GFLOP/s against 141 on a 64x256x1024 product). Neither changes any
+// element's operations: every ISA gives the same bits (checked).
+using RowsFn = void (*)(float*, const float*, const float*, const float*, size_t, size_t, size_t, size_t);
+__attribute__((target("arch=x86-64-v4"))) void rows_v4(float* out, const float* inp, const float* weight,
+                                                       const float* bias, size_t C, size_t OC, size_t n0,
+                                                       size_t rows) {
+  rows_shaped<4, 4, V16>(out, inp, weight, bias, C, OC, n0, rows);
+}
+__attribute__((target("arch=x86-64-v3"))) void rows_v3(float* out, const float* inp, const float* weight,
+                                                       const float* bias, size_t C, size_t OC, size_t n0,
+                                                       size_t rows) {
+  rows_shaped<2, 2, V8>(out, inp, weight, bias, C, OC, n0, rows);
+}
+void rows_baseline(float* out, const float* inp, const float* weight, const float* bias, size_t C, size_t OC,
+                   size_t n0, size_t rows) {
+  rows_shaped<1, 2, V4>(out, inp, weight, bias, C, OC, n0, rows);
+}
+RowsFn pick_rows() {
+  if (__builtin_cpu_supports("x86-64-v4")) return rows_v4;
+  if (__builtin_cpu_supports("x86-64-v3")) return rows_v3;
+  return rows_baseline;
 }
 
 }  // namespace
 
 void matmul_forward_invariant(float* out, const float* inp, const float* weight, const float* bias, size_t N, size_t C,
                               size_t OC) {
+  static const RowsFn rows = pick_rows();
   const size_t blocks = (N + kRows - 1) / kRows;
   // Threads take whole row blocks (each element's operations are the same
   // in any block); a block is worth a thread from ~128K multiply-adds.
@@ -125,7 +177,7 @@ void matmul_forward_invariant(float* out, const float* inp, const float* weight,
   parallel_for(blocks, grain, [&](size_t b0, size_t b1) {
     for (size_t b = b0; b < b1; ++b) {
       const size_t n0 = b * kRows;
-      rows_block(out, inp, weight, bias, C, OC, n0, std::min(kRows, N - n0));
+      rows(out, inp, weight, bias, C, OC, n0, std::min(kRows, N - n0));
     }
   });
 }
