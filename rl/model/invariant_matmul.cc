@@ -167,9 +167,9 @@ RowsFn pick_rows() {
 
 }  // namespace
 
-void matmul_forward_invariant(float* out, const float* inp, const float* weight, const float* bias, size_t N, size_t C,
-                              size_t OC) {
-  static const RowsFn rows = pick_rows();
+namespace {
+void product(RowsFn rows, float* out, const float* inp, const float* weight, const float* bias, size_t N, size_t C,
+             size_t OC) {
   const size_t blocks = (N + kRows - 1) / kRows;
   // Threads take whole row blocks (each element's operations are the same
   // in any block); a block is worth a thread from ~128K multiply-adds.
@@ -180,6 +180,24 @@ void matmul_forward_invariant(float* out, const float* inp, const float* weight,
       rows(out, inp, weight, bias, C, OC, n0, std::min(kRows, N - n0));
     }
   });
+}
+}  // namespace
+
+void matmul_forward_invariant(float* out, const float* inp, const float* weight, const float* bias, size_t N, size_t C,
+                              size_t OC) {
+  static const RowsFn rows = pick_rows();
+  product(rows, out, inp, weight, bias, N, C, OC);
+}
+
+bool matmul_forward_invariant_on(int isa, float* out, const float* inp, const float* weight, const float* bias,
+                                 size_t N, size_t C, size_t OC) {
+  RowsFn rows = nullptr;
+  if (isa == 0) rows = rows_baseline;
+  if (isa == 1 && __builtin_cpu_supports("x86-64-v3")) rows = rows_v3;
+  if (isa == 2 && __builtin_cpu_supports("x86-64-v4")) rows = rows_v4;
+  if (rows == nullptr) return false;
+  product(rows, out, inp, weight, bias, N, C, OC);
+  return true;
 }
 
 }  // namespace troupe::rl::model

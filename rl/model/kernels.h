@@ -62,6 +62,11 @@ void matmul_forward(F* out, const F* inp, const F* weight, const F* bias, size_t
 /// operations are fixed (invariant_matmul.cc); not BLAS's speed.
 void matmul_forward_invariant(float* out, const float* inp, const float* weight, const float* bias, size_t N, size_t C,
                               size_t OC);
+/// Internal (tests): the same product by one ISA's code path (0: SSE2, 1:
+/// AVX2, 2: AVX-512; every path gives the same bits). False, and nothing
+/// written, when this machine lacks that ISA.
+bool matmul_forward_invariant_on(int isa, float* out, const float* inp, const float* weight, const float* bias,
+                                 size_t N, size_t C, size_t OC);
 /// dinp (N,C) += (or = by `mode`) dout x weight; dweight (OC,C) += dout^T
 /// x inp; dbias (OC) += column sums of dout (when not null).
 template <typename F>

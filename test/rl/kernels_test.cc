@@ -513,8 +513,8 @@ TEST_CASE("compute threads: the kernels give the same results at 1, 2 and 4 thre
   set_compute_threads(0);
 }
 
-TEST_CASE("model kernels: the batch-invariant product gives each row the same bits at any batch size and thread "
-          "count, and the product's value",
+TEST_CASE("model kernels: the batch-invariant product gives each row the same bits at any batch size, thread "
+          "count and ISA, and the product's value",
           "[rl][model]") {
   // Inner sizes with and without a partial 16-lane piece; outputs not a
   // multiple of the 4-output blocks.
@@ -542,6 +542,16 @@ TEST_CASE("model kernels: the batch-invariant product gives each row the same bi
       }
     }
     set_compute_threads(1);
+    // Every ISA's path (those this machine has) gives the same bits.
+    size_t paths = 0;
+    for (int isa = 0; isa < 3; ++isa) {
+      std::vector<float> by(N * OC);
+      if (!matmul_forward_invariant_on(isa, by.data(), in.data(), w.data(), bias.data(), N, C, OC)) continue;
+      ++paths;
+      INFO("isa path " << isa);
+      CHECK(by == alone);
+    }
+    CHECK(paths >= 1);  // SSE2 is every x86-64's
     // And it is the product: BLAS's to float rounding.
     std::vector<float> blas(N * OC);
     matmul_forward(blas.data(), in.data(), w.data(), bias.data(), N, C, OC);
