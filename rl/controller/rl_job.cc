@@ -15,6 +15,7 @@
 #include <set>
 #include <sstream>
 #include <thread>
+#include <type_traits>
 
 #include <nlohmann/json.hpp>
 #include <troupe/mesh.h>
@@ -386,45 +387,45 @@ class Job {
   friend class Probe;
 };
 
+// One field of each item.
+template <class T, class F>
+auto each(const std::vector<T>& items, F field) {
+  std::vector<std::invoke_result_t<F, const T&>> out;
+  for (const auto& i : items) out.push_back(field(i));
+  return out;
+}
+
 // The test hook's view of a job.
 class Probe : public JobProbe {
  public:
   explicit Probe(const Job& job) : job_(job) {}
   std::vector<int64_t> trainer_pids() const override {
-    std::vector<int64_t> out;
-    for (const auto& i : infos()) out.push_back(i.pid);
-    return out;
+    return each(infos(), [](const trainer::TrainerInfo& i) { return i.pid; });
   }
   std::vector<int64_t> engine_pids() const override {
-    std::vector<int64_t> out;
-    const auto& engines = *job_.meshes_.engines;
-    for (size_t e = 0; e < engines.size(); ++e) {
-      auto r = engines.member(e).ask(rollout::GetEngineReport{}, job_.timeout_).get();
-      out.push_back(r ? r->pid : -1);
-    }
-    return out;
+    return each(reports(), [](const std::optional<rollout::EngineReport>& r) { return r ? r->pid : int64_t{-1}; });
   }
   std::vector<uint64_t> engine_checksums() const override {
-    std::vector<uint64_t> out;
-    const auto& engines = *job_.meshes_.engines;
-    for (size_t e = 0; e < engines.size(); ++e) {
-      auto r = engines.member(e).ask(rollout::GetEngineReport{}, job_.timeout_).get();
-      out.push_back(r ? r->checksum : 0);
-    }
-    return out;
+    return each(reports(), [](const std::optional<rollout::EngineReport>& r) { return r ? r->checksum : uint64_t{0}; });
   }
   std::vector<uint64_t> trainer_checksums() const override {
-    std::vector<uint64_t> out;
-    for (const auto& i : infos()) out.push_back(i.checksum);
-    return out;
+    return each(infos(), [](const trainer::TrainerInfo& i) { return i.checksum; });
   }
   std::vector<uint64_t> trainer_optimizer_floats() const override {
-    std::vector<uint64_t> out;
-    for (const auto& i : infos()) out.push_back(i.optimizer_floats);
-    return out;
+    return each(infos(), [](const trainer::TrainerInfo& i) { return i.optimizer_floats; });
   }
 
  private:
+  // Each engine's report (none for one that did not answer).
+  std::vector<std::optional<rollout::EngineReport>> reports() const {
+    std::vector<std::optional<rollout::EngineReport>> out;
+    const auto& engines = *job_.meshes_.engines;
+    for (size_t e = 0; e < engines.size(); ++e) {
+      auto r = engines.member(e).ask(rollout::GetEngineReport{}, job_.timeout_).get();
+      out.push_back(r ? std::optional(*r) : std::nullopt);
+    }
+    return out;
+  }
   std::vector<trainer::TrainerInfo> infos() const {
     auto i = job_.trainer_infos();
     return i ? *i : std::vector<trainer::TrainerInfo>(job_.meshes_.trainers->size(), {.pid = -1});

@@ -95,6 +95,16 @@ void check_same_steps(const std::vector<nlohmann::json>& a, const std::vector<nl
   }
 }
 
+// The main example on 2 trainer ranks (`trainer_extra` appended to their
+// table's ranks line) and 2 engines, colocated or on separate meshes.
+std::string main_example_on_two(bool disaggregated, const std::string& trainer_extra) {
+  std::string text = read_file(TROUPE_EXAMPLES_DIR "/rl/arithmetic_grpo.toml");
+  if (disaggregated) text.replace(text.find("placement = \"colocated\""), 23, "placement = \"disaggregated\"");
+  text.replace(text.find("ranks = 1"), 9, "ranks = 2" + trainer_extra);
+  text.replace(text.find("engines = 1"), 11, "engines = 2");
+  return text;
+}
+
 controller::JobOptions quiet_options(const fs::path& run_dir) {
   controller::JobOptions o;
   o.run_dir = run_dir.string();
@@ -354,9 +364,7 @@ TEST_CASE("rl job: ZeRO-1: kill -9 of a trainer rank goes back to the last check
           "[rl][job][learning]") {
   TempDir dir;
   auto s = session();
-  std::string text = read_file(TROUPE_EXAMPLES_DIR "/rl/arithmetic_grpo.toml");
-  text = text.replace(text.find("ranks = 1"), 9, "ranks = 2\nshard_optimizer = true");
-  text = text.replace(text.find("engines = 1"), 11, "engines = 2");
+  const std::string text = main_example_on_two(false, "\nshard_optimizer = true");
   controller::JobOptions options = quiet_options(dir.path);
   bool killed = false;
   options.after_step = [&](size_t step, const controller::JobProbe& probe) {
@@ -392,10 +400,7 @@ TEST_CASE("rl job: kill -9 of a rollout engine and of trainer ranks mid-run: the
   TempDir dir;
   auto s = session();
   // The main example on separate meshes of 2 trainer ranks and 2 engines.
-  std::string text = read_file(TROUPE_EXAMPLES_DIR "/rl/arithmetic_grpo.toml");
-  text = text.replace(text.find("placement = \"colocated\""), 23, "placement = \"disaggregated\"");
-  text = text.replace(text.find("ranks = 1"), 9, "ranks = 2");
-  text = text.replace(text.find("engines = 1"), 11, "engines = 2");
+  const std::string text = main_example_on_two(true, "");
   controller::JobOptions options = quiet_options(dir.path);
   std::vector<std::string> killed;
   std::vector<uint64_t> checksums_after;
