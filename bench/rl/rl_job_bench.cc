@@ -13,8 +13,11 @@
 //   speed-up, and held-out accuracy reached per minute.
 // - ZeRO-1: train steps of 2 ranks with the optimizer state sharded against
 //   the same steps replicated, and the moments each rank holds.
+// - the trainer on a GPU (trainer.device = "cuda"), where one is: the main
+//   job's train time per step against the same job's trainer on the CPU
+//   (8 threads), for the main job's model and a 4-layer 512-channel one.
 //
-// Usage: troupe_bench_rl_job [--quick] [--transport tcp|ucx] [--only sync|zero1|rollout|job]
+// Usage: troupe_bench_rl_job [--quick] [--transport tcp|ucx] [--only sync|zero1|rollout|job|gpu]
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -34,6 +37,7 @@
 #include "common/report.h"
 #include "config/rl_config.h"
 #include "controller/rl_job.h"
+#include "model/device_model.h"
 #include "model/generate.h"
 #include "model/threads.h"
 #include "rollout/rollout_engine.h"
@@ -267,6 +271,45 @@ JobNumbers run_job(Session& s, const std::string& text) {
   return n;
 }
 
+// Sets `key`'s value (its first line "key = ..." after a newline).
+std::string set_key(std::string text, const std::string& key, const std::string& value) {
+  const size_t at = text.find("\n" + key + " = ");
+  if (at == std::string::npos) throw std::runtime_error("bench: no key " + key);
+  const size_t end = text.find('\n', at + 1);
+  return text.substr(0, at + 1) + key + " = " + value + text.substr(end);
+}
+
+// The main job's trainer on the GPU against the CPU (train time per RL step).
+void trainer_device(Session& s, bool quick) {
+  const model::GptConfig tiny{.vocab_size = 259, .context_length = 16, .layers = 1, .heads = 1, .channels = 8};
+  if (auto probe = model::make_device_model(tiny, {.kind = model::DeviceKind::cuda}); !probe) {
+    std::fprintf(stderr, "trainer on the GPU: skipped (%s)\n", probe.error().message().c_str());
+    return;
+  }
+  std::string base = read_file(TROUPE_EXAMPLES_DIR "/rl/arithmetic_grpo_cuda.toml");
+  base = set_key(set_key(base, "steps", quick ? "5" : "30"), "eval_every", "1000");
+  base = set_key(set_key(base, "checkpoint_every", "0"), "threads", "8");
+  struct Size {
+    const char* name;
+    const char *layers, *channels, *heads, *warmup;
+  };
+  for (const Size& m : {Size{"main job model", "2", "64", "4", "200"}, Size{"4x512 model", "4", "512", "8", "20"}}) {
+    std::string text = set_key(set_key(set_key(base, "layers", m.layers), "channels", m.channels), "heads", m.heads);
+    text = text.replace(text.find("\nsteps = 2000"), 13, std::string("\nsteps = ") + m.warmup);
+    JobNumbers cpu = run_job(s, set_key(text, "device", "\"cpu\""));
+    JobNumbers gpu = run_job(s, text);
+    const double cpu_train = cpu.train / static_cast<double>(cpu.steps);
+    const double gpu_train = gpu.train / static_cast<double>(gpu.steps);
+    emit("rl_job", std::string("trainer on CPU (8 threads), ") + m.name + ": train time per step", cpu_train, "s", "-",
+         0, "report");
+    emit("rl_job", std::string("trainer on GPU, ") + m.name + ": train time per step", gpu_train, "s",
+         "trainer on CPU", cpu_train, "report (ratio < 1: the GPU is faster)");
+    emit("rl_job", std::string("trainer on GPU, ") + m.name + ": mean step time",
+         gpu.rl_s / static_cast<double>(gpu.steps), "s", "trainer on CPU", cpu.rl_s / static_cast<double>(cpu.steps),
+         "report");
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -300,6 +343,7 @@ int main(int argc, char** argv) {
   }
   if (part("zero1")) zero1(s, quick);
   if (part("rollout")) rollout_throughput(s, model_config(2, 64, 4), quick ? 64 : 512);
+  if (part("gpu")) trainer_device(s, quick);
   if (!part("job")) return 0;
 
   // Sync vs async on the same disaggregated job.

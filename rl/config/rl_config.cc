@@ -35,6 +35,11 @@ const Choices<model::LossAggregation> kAggregations = {
     {"token_mean", model::LossAggregation::token_mean},
     {"sequence_mean", model::LossAggregation::sequence_mean},
     {"sequence_sum_over_positions", model::LossAggregation::sequence_sum_over_positions}};
+const Choices<TrainerConfig::Device> kDevices = {{"cpu", TrainerConfig::Device::cpu},
+                                                  {"cuda", TrainerConfig::Device::cuda}};
+const Choices<model::MatmulPrecision> kPrecisions = {{"fp32", model::MatmulPrecision::fp32},
+                                                     {"tf32", model::MatmulPrecision::tf32},
+                                                     {"bf16", model::MatmulPrecision::bf16}};
 const Choices<model::KlEstimator> kKl = {{"k1", model::KlEstimator::k1}, {"k3", model::KlEstimator::k3}};
 
 template <class E>
@@ -241,6 +246,18 @@ Status RlConfig::validate() const {
                            ") is more than the sequences of a step (prompts_per_step x group_size = " +
                            std::to_string(algorithm.prompts_per_step * algorithm.group_size) + ")");
   }
+  if (trainer.device == TrainerConfig::Device::cuda) {
+    if (algorithm.name == Algorithm::ppo) {
+      return bad(source, "'trainer.device' \"cuda\" does not run PPO's value head (the CUDA model has no kernels for "
+                         "it): use \"cpu\", or 'algorithm.name' \"grpo\" or \"rloo\"");
+    }
+    if (algorithm.loss.entropy_coef > 0) {
+      return bad(source, "'algorithm.entropy_coef' must be 0 with 'trainer.device' \"cuda\" (the CUDA model "
+                         "computes no entropies); or use \"cpu\"");
+    }
+  } else if (trainer.precision != model::MatmulPrecision::fp32) {
+    return bad(source, "'trainer.precision' is for 'trainer.device' \"cuda\" only (the CPU model is float32)");
+  }
   if (run.mode == Mode::async && run.placement == Placement::colocated) {
     return bad(source, "'run.mode' \"async\" needs 'run.placement' \"disaggregated\" (colocated meshes take turns)");
   }
@@ -364,6 +381,9 @@ Result<RlConfig> parse_rl_config(std::string_view text, std::string_view source_
     r.count("ranks", c.trainer.ranks, 1, 1024);
     r.count("threads", c.trainer.threads, 1, 1024);
     r.boolean("shard_optimizer", c.trainer.shard_optimizer);
+    r.choice("device", c.trainer.device, kDevices);
+    r.choice("precision", c.trainer.precision, kPrecisions);
+    r.number("gpus_per_rank", c.trainer.gpus_per_rank, 0.01, 64);
     r.finish();
   }
   {
@@ -476,8 +496,12 @@ std::string rl_config_json(const RlConfig& c) {
                          {"lambda", a.lambda},
                          {"value_coef", a.value_coef},
                          {"value_clip", a.value_clip}});
-  j["trainer"] = {
-      {"ranks", c.trainer.ranks}, {"threads", c.trainer.threads}, {"shard_optimizer", c.trainer.shard_optimizer}};
+  j["trainer"] = {{"ranks", c.trainer.ranks},
+                  {"threads", c.trainer.threads},
+                  {"shard_optimizer", c.trainer.shard_optimizer},
+                  {"device", name_of(kDevices, c.trainer.device)},
+                  {"precision", name_of(kPrecisions, c.trainer.precision)},
+                  {"gpus_per_rank", c.trainer.gpus_per_rank}};
   j["rollout"] = {{"engines", c.rollout.engines},
                   {"threads", c.rollout.threads},
                   {"max_sequences", c.rollout.max_sequences},

@@ -18,6 +18,7 @@
 
 #include "model/adamw.h"
 #include "model/config.h"
+#include "model/device_model.h"
 #include "model/losses.h"
 #include "model/sampler.h"
 #include "tasks/arithmetic.h"
@@ -141,6 +142,17 @@ struct TrainerConfig {
   /// parameters only (1/ranks of them): gradients are reduce-scattered,
   /// each rank updates its shard, and the ranks allgather the parameters.
   bool shard_optimizer = false;
+  /// Where each rank's forward and backward run: the CPU (its `threads`),
+  /// or a CUDA GPU (model/device_model.h; the optimizer, the gradient
+  /// allreduce and checkpoints stay on the host). Rank r takes device
+  /// r modulo the GPUs its process sees.
+  enum class Device : uint8_t { cpu, cuda } device = Device::cpu;
+  /// cuda: how the GPU multiplies matrices (float32, TF32 tensor cores,
+  /// or bfloat16 products with float32 accumulation).
+  model::MatmulPrecision precision = model::MatmulPrecision::fp32;
+  /// cuda: GPUs each rank reserves in its placement group (below 1: ranks
+  /// share a GPU).
+  double gpus_per_rank = 1;
 };
 
 /// [rollout]: the generation engines.

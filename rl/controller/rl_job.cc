@@ -17,6 +17,7 @@
 #include <thread>
 #include <type_traits>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 #include <troupe/mesh.h>
 #include <troupe/mesh_shape.h>
@@ -106,14 +107,18 @@ struct Meshes {
   std::vector<AnyRef> watchers;
 };
 
-Result<ProcMesh> make_procs(const ClusterClient& cluster, Meshes& m, const std::string& dim, size_t n, double cpus) {
+Result<ProcMesh> make_procs(const ClusterClient& cluster, Meshes& m, const std::string& dim, size_t n, double cpus,
+                            double gpus = 0) {
   PlacementGroupSpec spec;
   spec.strategy = PlacementStrategy::pack;
-  spec.bundles.assign(n, Bundle{{{"CPU", cpus}}});
+  Bundle bundle{{{"CPU", cpus}}};
+  if (gpus > 0) bundle.resources["GPU"] = gpus;
+  spec.bundles.assign(n, bundle);
   auto pg = cluster.create_placement_group(spec);
-  if (!pg) return error(pg.error().code(), "rl job: cannot reserve " + std::to_string(n) + " x " +
-                                               std::to_string(cpus) + " CPU for the " + dim + ": " +
-                                               pg.error().message());
+  if (!pg) return error(pg.error().code(), "rl job: cannot reserve " + std::to_string(n) + " x (" +
+                                               fmt::format("{} CPU", cpus) +
+                                               (gpus > 0 ? fmt::format(", {} GPU", gpus) : std::string()) +
+                                               ") for the " + dim + ": " + pg.error().message());
   m.placement_groups.push_back(*pg);
   auto shape = Shape::make({{dim, n}});
   if (!shape) return error(shape.error());
@@ -136,7 +141,9 @@ Result<Meshes> start_meshes(Runtime& rt, const ClusterClient& cluster, const con
                             const std::string& text, const std::shared_ptr<FaultInbox>& inbox) {
   Meshes m;
   const ActorOptions restart{.max_restarts = -1};
-  auto trainer_procs = make_procs(cluster, m, "ranks", c.trainer.ranks, static_cast<double>(c.trainer.threads));
+  const double trainer_gpus = c.trainer.device == config::TrainerConfig::Device::cuda ? c.trainer.gpus_per_rank : 0;
+  auto trainer_procs =
+      make_procs(cluster, m, "ranks", c.trainer.ranks, static_cast<double>(c.trainer.threads), trainer_gpus);
   if (!trainer_procs) return error(trainer_procs.error());
   auto trainers = trainer_procs->spawn<TrainerRank>(restart, text);
   if (!trainers) return error(trainers.error().code(), "rl job: trainer mesh: " + trainers.error().message());
@@ -428,7 +435,9 @@ class Probe : public JobProbe {
   }
   std::vector<trainer::TrainerInfo> infos() const {
     auto i = job_.trainer_infos();
-    return i ? *i : std::vector<trainer::TrainerInfo>(job_.meshes_.trainers->size(), {.pid = -1});
+    trainer::TrainerInfo lost;
+    lost.pid = -1;
+    return i ? *i : std::vector<trainer::TrainerInfo>(job_.meshes_.trainers->size(), lost);
   }
   const Job& job_;
 };
@@ -938,6 +947,11 @@ Result<JobResult> Job::run() {
     ~Cleanup() { stop_meshes(job->cluster_, job->meshes_); }
   } cleanup{this};
 
+  if (c_.trainer.device != config::TrainerConfig::Device::cpu) {
+    auto infos = trainer_infos();
+    if (!infos) return error(infos.error());
+    for (size_t r = 0; r < infos->size(); ++r) say("trainer rank " + std::to_string(r) + " on " + (*infos)[r].device);
+  }
   if (noted_fault_) fault(noted_fault_->first, noted_fault_->second, 0);
   log({{"event", "run"},
        {"run_id", c_.run.name},

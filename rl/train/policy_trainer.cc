@@ -3,18 +3,34 @@
 namespace troupe::rl::train {
 
 PolicyTrainer::PolicyTrainer(model::Gpt<float> model, const model::AdamWConfig& optim,
-                             std::optional<model::ParamRange> range)
+                             std::optional<model::ParamRange> range, model::DeviceModel* device)
     : model_(std::move(model)),
-      adamw_(model_.layout(), optim, range.value_or(model::ParamRange{0, model_.layout().total()})) {}
+      adamw_(model_.layout(), optim, range.value_or(model::ParamRange{0, model_.layout().total()})),
+      device_(device) {}
 
 Status PolicyTrainer::forward_logprobs(const TrainBatch& batch, bool entropy) {
+  const size_t n = batch.B * batch.T;
+  logprobs_.resize(n);
+  dlogprobs_.resize(n);
+  if (device_ != nullptr) {
+    if (entropy) {
+      return Status(ErrorCode::unsupported, "policy trainer: the device model computes no entropies (an entropy "
+                                            "bonus, or PPO): train on the CPU model");
+    }
+    // The host's parameters are the master copy: the optimizer, a copied
+    // state or a collective may have changed them since the last step.
+    if (Status s = device_->upload_params(model_.params()); !s.ok()) return s;
+    if (Status s = device_->forward(batch.tokens.data(), batch.targets.data(), batch.B, batch.T, logprobs_.data());
+        !s.ok()) {
+      return s;
+    }
+    for (float& l : logprobs_) l = -l;
+    return {};
+  }
   if (Status s = model_.forward(batch.tokens.data(), batch.targets.data(), batch.B, batch.T, {.entropy = entropy});
       !s.ok()) {
     return s;
   }
-  const size_t n = batch.B * batch.T;
-  logprobs_.resize(n);
-  dlogprobs_.resize(n);
   for (size_t i = 0; i < n; ++i) logprobs_[i] = -model_.losses()[i];
   return {};
 }
@@ -51,8 +67,8 @@ Result<StepStats> PolicyTrainer::policy_gradients(const TrainBatch& batch, const
                                     .mask = batch.mask.data()};
   auto pg = model::policy_gradient_loss(in, config, dlogprobs_.data());
   if (!pg) return error(pg.error());
-  StepStats st = backward(batch, pg->loss, grad_scale);
-  st.policy = *pg;
+  auto st = backward(batch, pg->loss, grad_scale);
+  if (st) st->policy = *pg;
   return st;
 }
 
@@ -61,6 +77,9 @@ Result<StepStats> PolicyTrainer::ppo_gradients(const TrainBatch& batch, std::spa
                                                const float* ref_logprobs, double grad_scale) {
   if (!model_.config().value_head) {
     return error(ErrorCode::invalid_argument, "ppo: the model has no value head (GptConfig::value_head)");
+  }
+  if (device_ != nullptr) {
+    return error(ErrorCode::unsupported, "ppo: the device model has no value head: train PPO on the CPU model");
   }
   if (rewards.size() != batch.B) {
     return error(ErrorCode::invalid_argument, "ppo: " + std::to_string(rewards.size()) + " rewards for " +
@@ -108,15 +127,17 @@ Result<StepStats> PolicyTrainer::ppo_gradients(const TrainBatch& batch, std::spa
   auto vl = model::value_loss(vin, ppo.value, dvalues_.data());
   if (!vl) return error(vl.error());
   for (float& d : dvalues_) d *= static_cast<float>(ppo.value_coef);
-  StepStats st = backward(batch, pg->loss + ppo.value_coef * vl->loss, grad_scale, dvalues_.data(),
-                          entropy ? dentropy_.data() : nullptr);
-  st.policy = *pg;
-  st.value = *vl;
+  auto st = backward(batch, pg->loss + ppo.value_coef * vl->loss, grad_scale, dvalues_.data(),
+                     entropy ? dentropy_.data() : nullptr);
+  if (st) {
+    st->policy = *pg;
+    st->value = *vl;
+  }
   return st;
 }
 
-StepStats PolicyTrainer::backward(const TrainBatch& batch, double loss, double grad_scale, float* dvalues,
-                                  float* dentropy) {
+Result<StepStats> PolicyTrainer::backward(const TrainBatch& batch, double loss, double grad_scale, float* dvalues,
+                                          float* dentropy) {
   const size_t n = batch.B * batch.T;
   dlosses_.resize(n);
   if (grad_scale != 1.0) {
@@ -128,8 +149,13 @@ StepStats PolicyTrainer::backward(const TrainBatch& batch, double loss, double g
     }
   }
   model::to_model_dlosses(dlosses_.data(), dlogprobs_.data(), n);
-  model_.zero_grad();
-  model_.backward(dlosses_.data(), dvalues, dentropy);
+  if (device_ != nullptr) {
+    // forward_logprobs refused what needs dvalues or dentropy here.
+    if (Status s = device_->backward(dlosses_.data(), model_.grads()); !s.ok()) return error(s);
+  } else {
+    model_.zero_grad();
+    model_.backward(dlosses_.data(), dvalues, dentropy);
+  }
   StepStats st;
   st.loss = loss;
   st.completion_tokens = batch.completion_tokens;

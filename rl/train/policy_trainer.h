@@ -10,6 +10,7 @@
 #include <span>
 
 #include "model/adamw.h"
+#include "model/device_model.h"
 #include "model/gpt.h"
 #include "algo/gae.h"
 #include "model/losses.h"
@@ -45,9 +46,15 @@ class PolicyTrainer {
  public:
   /// Trains `model` (moved in) with AdamW under `optim`; with `range`, the
   /// optimizer keeps the state of those parameters only (ZeRO-1: see
-  /// apply_gradients(StepStats&, double)).
+  /// apply_gradients(StepStats&, double)). With `device` (not owned; it
+  /// must outlive this trainer and be of the model's config), forwards
+  /// and backwards run there: each uploads model().params() first, and the
+  /// gradients come back to model().grads(), so everything else (the
+  /// optimizer, the collectives, checkpoints) stays on the host. The
+  /// device path has no entropies or values: PPO and an entropy bonus
+  /// are refused (unsupported).
   PolicyTrainer(model::Gpt<float> model, const model::AdamWConfig& optim,
-                std::optional<model::ParamRange> range = std::nullopt);
+                std::optional<model::ParamRange> range = std::nullopt, model::DeviceModel* device = nullptr);
 
   model::Gpt<float>& model() { return model_; }
   const model::Gpt<float>& model() const { return model_; }
@@ -105,11 +112,12 @@ class PolicyTrainer {
   Status forward_logprobs(const TrainBatch& batch, bool entropy = false);
   // Backward of d loss / d logprobs (and d loss / d values and entropies,
   // when given) times grad_scale into the gradients.
-  StepStats backward(const TrainBatch& batch, double loss, double grad_scale, float* dvalues = nullptr,
-                     float* dentropy = nullptr);
+  Result<StepStats> backward(const TrainBatch& batch, double loss, double grad_scale, float* dvalues = nullptr,
+                             float* dentropy = nullptr);
 
   model::Gpt<float> model_;
   model::AdamW adamw_;
+  model::DeviceModel* device_ = nullptr;
   std::vector<float> logprobs_, dlogprobs_, dlosses_, dentropy_, dvalues_, rewards_, advantages_, returns_,
       old_values_;
 };

@@ -56,12 +56,48 @@ model::ParamRange segment_of(size_t count, size_t rank, size_t ranks) {
 
 TrainerRank::TrainerRank(std::string config_toml) : config_(config::job_config_or_throw(config_toml, "trainer")) {
   model::set_compute_threads(config_.trainer.threads);
-  trainer_.emplace(initial_model(config_), optim_for(config_));
+  // On the first device until the rank is known (JoinTrainerGroup): a
+  // process that cannot run the CUDA model fails here, before the job starts.
+  device_ = make_device(0);
+  make_trainer(initial_model(config_), optim_for(config_));
   rl_phase_ = !(config_.model.init == config::ModelInit::warmup && config_.warmup.steps > 0);
+}
+
+std::unique_ptr<model::DeviceModel> TrainerRank::make_device(size_t rank) const {
+  if (config_.trainer.device != config::TrainerConfig::Device::cuda) return nullptr;
+  auto dev = model::make_device_model(config_.trainer_shape(), {.kind = model::DeviceKind::cuda,
+                                                                 .device = -1,
+                                                                 .rank = rank,
+                                                                 .precision = config_.trainer.precision});
+  if (!dev) throw std::runtime_error("trainer: 'trainer.device' \"cuda\": " + dev.error().message());
+  return std::move(*dev);
+}
+
+void TrainerRank::make_trainer(model::Gpt<float> weights, const model::AdamWConfig& optim) {
+  trainer_.reset();  // the old trainer's buffers go before the new one's come
+  trainer_.emplace(std::move(weights), optim, shard_, device_.get());
 }
 
 void TrainerRank::handle(const JoinTrainerGroup& m) {
   group_ = m.group;
+  if (device_ != nullptr) {
+    auto dev = make_device(m.group.rank);
+    if (dev->device() != device_->device()) {
+      // The trainer points at device_: swap it in place of the old one.
+      reference_device_.reset();
+      model::Gpt<float> weights = std::move(trainer_->model());
+      auto& old = trainer_->optimizer();
+      std::vector<float> m_all = old.m(), v_all = old.v();
+      const size_t steps = old.steps();
+      const model::AdamWConfig optim = optim_now();
+      trainer_.reset();
+      device_ = std::move(dev);
+      make_trainer(std::move(weights), optim);
+      if (Status s = trainer_->optimizer().restore(std::move(m_all), std::move(v_all), steps); !s.ok()) {
+        fail(s.message());
+      }
+    }
+  }
   if (!config_.trainer.shard_optimizer || m.group.size < 2) return;
   // ZeRO-1: keep the optimizer state of this rank's segment only.
   const auto range = segment_of(trainer_->model().layout().total(), m.group.rank, m.group.size);
@@ -74,8 +110,7 @@ void TrainerRank::handle(const JoinTrainerGroup& m) {
   auto& old = trainer_->optimizer();
   std::vector<float> m_all = old.m(), v_all = old.v();
   const size_t steps = old.steps();
-  model::Gpt<float> weights = std::move(trainer_->model());  // emplace destroys the old trainer first
-  trainer_.emplace(std::move(weights), optim_now(), shard_);
+  make_trainer(std::move(trainer_->model()), optim_now());
   if (Status s = trainer_->optimizer().restore(std::move(m_all), std::move(v_all), steps); !s.ok()) fail(s.message());
 }
 
@@ -121,14 +156,10 @@ Deferred<RankStepStats> TrainerRank::handle(const TrainStep& m) {
     } else {
       const float* ref = nullptr;
       if (config_.algorithm.loss.kl_coef > 0) {
-        if (!reference_) reference_.emplace(trainer_->model());
-        if (Status s = reference_->forward(batch->tokens.data(), batch->targets.data(), batch->B, batch->T);
-            !s.ok()) {
+        if (Status s = reference_logprobs(*batch); !s.ok()) {
           reply.fail(s);
           return reply;
         }
-        ref_logprobs_.resize(batch->B * batch->T);
-        for (size_t i = 0; i < ref_logprobs_.size(); ++i) ref_logprobs_[i] = -reference_->losses()[i];
         ref = ref_logprobs_.data();
       }
       if (config_.algorithm.name == config::Algorithm::ppo) {
@@ -241,8 +272,7 @@ void TrainerRank::handle(const StartRlPhase&) {
   if (config_.algorithm.loss.kl_coef > 0) reference_.emplace(trainer_->model());
   // The warm-up's optimizer state is not the RL phase's: start it afresh
   // (what a job started from a checkpoint of the warm-up would do).
-  model::Gpt<float> weights = std::move(trainer_->model());  // emplace destroys the old trainer first
-  trainer_.emplace(std::move(weights), config_.algorithm.optim, shard_);
+  make_trainer(std::move(trainer_->model()), config_.algorithm.optim);
   rl_phase_ = true;
 }
 
@@ -288,7 +318,7 @@ Deferred<void> TrainerRank::handle(const SaveTrainerState& m) {
 Deferred<std::vector<std::pair<std::string, std::string>>> TrainerRank::handle(const LoadTrainerState& m) {
   auto reply = defer<std::vector<std::pair<std::string, std::string>>>();
   // Into a copy: a state that does not fit leaves this rank as it was.
-  train::PolicyTrainer loaded(trainer_->model(), config_.algorithm.optim, shard_);
+  train::PolicyTrainer loaded(trainer_->model(), config_.algorithm.optim, shard_, device_.get());
   auto meta = model::load_training_state(m.path, loaded.model().layout(), loaded.model().params(), loaded.optimizer());
   if (!meta) {
     reply.fail(Status(meta.error().code(), "trainer: resume: " + meta.error().message()));
@@ -311,6 +341,33 @@ Deferred<std::vector<std::pair<std::string, std::string>>> TrainerRank::handle(c
   reference_ = std::move(reference);
   reply.complete({meta->begin(), meta->end()});
   return reply;
+}
+
+Status TrainerRank::reference_logprobs(const train::TrainBatch& batch) {
+  if (!reference_) reference_.emplace(trainer_->model());
+  const size_t n = batch.B * batch.T;
+  ref_logprobs_.resize(n);
+  if (device_ != nullptr) {
+    if (!reference_device_) {
+      auto dev = model::make_device_model(config_.trainer_shape(), {.kind = model::DeviceKind::cuda,
+                                                                     .device = device_->device(),
+                                                                     .precision = config_.trainer.precision});
+      if (!dev) return Status(dev.error().code(), "trainer: the reference policy's device model: " + dev.error().message());
+      reference_device_ = std::move(*dev);
+    }
+    // Uploaded every step: a resume or a copied state replaces reference_.
+    if (Status s = reference_device_->upload_params(reference_->params()); !s.ok()) return s;
+    if (Status s = reference_device_->forward(batch.tokens.data(), batch.targets.data(), batch.B, batch.T,
+                                              ref_logprobs_.data());
+        !s.ok()) {
+      return s;
+    }
+    for (float& l : ref_logprobs_) l = -l;
+    return {};
+  }
+  if (Status s = reference_->forward(batch.tokens.data(), batch.targets.data(), batch.B, batch.T); !s.ok()) return s;
+  for (size_t i = 0; i < n; ++i) ref_logprobs_[i] = -reference_->losses()[i];
+  return {};
 }
 
 Status TrainerRank::save_reference(const std::string& path) {
@@ -380,10 +437,7 @@ Deferred<uint64_t> TrainerRank::handle(const ImportTrainerState& m) {
     if (!r && in->failed.ok()) in->failed = r.error();
     if (--in->left > 0) return;
     if (!in->failed.ok()) return reply.fail(Status(in->failed.code(), "trainer: state copy: " + in->failed.message()));
-    if (rl_phase) {
-      model::Gpt<float> weights = std::move(trainer_->model());
-      trainer_.emplace(std::move(weights), config_.algorithm.optim, shard_);
-    }
+    if (rl_phase) make_trainer(std::move(trainer_->model()), config_.algorithm.optim);
     rl_phase_ = rl_phase;
     std::memcpy(trainer_->model().params(), in->params.data(), in->params.size() * sizeof(float));
     // The survivor's reference policy, or none (then the copied weights
@@ -408,7 +462,8 @@ Deferred<uint64_t> TrainerRank::handle(const ImportTrainerState& m) {
 TrainerInfo TrainerRank::handle(const GetTrainerInfo&) {
   const auto& gpt = trainer_->model();
   return {static_cast<int64_t>(::getpid()), tasks::fnv1a(gpt.params(), gpt.layout().total() * sizeof(float)),
-          trainer_->optimizer().steps(), rl_phase_, trainer_->optimizer().m().size()};
+          trainer_->optimizer().steps(), rl_phase_, trainer_->optimizer().m().size(),
+          device_ ? device_->describe() : "cpu"};
 }
 
 }  // namespace troupe::rl::trainer

@@ -167,7 +167,10 @@ struct TrainerInfo {
   /// Floats in each of the optimizer's moments: the model's parameters, or
   /// (ZeRO-1) this rank's segment of them.
   uint64_t optimizer_floats = 0;
-  TROUPE_FIELDS(pid, checksum, optimizer_steps, rl_phase, optimizer_floats);
+  /// Where its forwards and backwards run: "cpu", or the device model's
+  /// description ("cuda:0 NVIDIA H100 80GB HBM3, fp32 products").
+  std::string device;
+  TROUPE_FIELDS(pid, checksum, optimizer_steps, rl_phase, optimizer_floats, device);
 };
 struct GetTrainerInfo {
   TROUPE_MESSAGE_NAMED(GetTrainerInfo, "troupe.rl.GetTrainerInfo");
@@ -195,6 +198,9 @@ class TrainerRank : public Actor<TrainerRank, JoinTrainerGroup, TrainStep, Publi
 
  private:
   config::RlConfig config_;
+  // trainer.device = "cuda": where the policy's and the reference's
+  // forwards and backwards run (the trainer holds device_ by pointer).
+  std::unique_ptr<model::DeviceModel> device_, reference_device_;
   std::optional<train::PolicyTrainer> trainer_;
   std::optional<model::Gpt<float>> reference_;
   std::optional<CollectiveGroup> group_;
@@ -210,6 +216,13 @@ class TrainerRank : public Actor<TrainerRank, JoinTrainerGroup, TrainStep, Publi
   // Each rank's squared gradient norm (a sharded step's allgather).
   std::vector<double> norm_parts_;
 
+  // (Re)makes the trainer of `weights` with `optim`, this rank's shard
+  // and device.
+  void make_trainer(model::Gpt<float> weights, const model::AdamWConfig& optim);
+  // The device model for this rank (trainer.device = "cuda"; null on the CPU).
+  std::unique_ptr<model::DeviceModel> make_device(size_t rank) const;
+  // The reference policy's log-probabilities of `batch` into ref_logprobs_.
+  Status reference_logprobs(const train::TrainBatch& batch);
   // Writes the reference policy to `path` (nothing when the path is empty
   // or the job has no KL penalty).
   Status save_reference(const std::string& path);

@@ -78,6 +78,16 @@ class Counter : public troupe::Actor<Counter, Add, Total, Pid, Crash, Tag, SlowA
   std::string tag_;
 };
 
+/// An actor whose constructor refuses its argument (a config its process
+/// cannot run, say).
+class Picky : public troupe::Actor<Picky, Total> {
+ public:
+  explicit Picky(std::string what) {
+    if (what != "fine") throw std::runtime_error("picky: cannot run '" + what + "' here");
+  }
+  int handle(const Total&) { return 1; }
+};
+
 /// Polls the head until the actor is alive again (after a restart) and
 /// returns its record; the head answers as soon as it is.
 troupe::ActorInfo alive_again(const troupe::ClusterClient& c, const std::string& id, uint32_t restarts) {
@@ -183,6 +193,26 @@ TEST_CASE("cluster actors: a crash restarts it up to max_restarts, then it is de
   REQUIRE_FALSE(gone.has_value());
   CHECK(gone.error().code() == ErrorCode::actor_dead);
   CHECK_THAT(gone.error().message(), Catch::Contains("crashed") && Catch::Contains("max_restarts"));
+}
+
+TEST_CASE("cluster actors: a constructor that throws fails the spawn with its message, and the actor is dead, not "
+          "restarted",
+          "[cluster][actors]") {
+  LocalCluster local(1);
+  auto& cluster = local.cluster;
+  auto made = cluster.spawn_info<Picky>({.max_restarts = -1}, std::string("gpu"));
+  REQUIRE_FALSE(made.has_value());
+  CHECK_THAT(made.error().message(), Catch::Contains("failed to start") && Catch::Contains("cannot run 'gpu' here"));
+  // Dead on record with the reason (not restarting into the same throw).
+  auto listed = cluster.list_actors();
+  REQUIRE(listed.has_value());
+  size_t restarting = 0;
+  for (const auto& a : *listed) restarting += a.state == "restarting" ? 1 : 0;
+  CHECK(restarting == 0);
+  // The worker is unharmed: the next spawn there runs.
+  auto ok = cluster.spawn<Picky>({}, std::string("fine"));
+  REQUIRE(ok.has_value());
+  CHECK(ok->ask(Total{}).get().value() == 1);
 }
 
 TEST_CASE("cluster actors: an actor waits pending with its reason until resources free up, then runs",

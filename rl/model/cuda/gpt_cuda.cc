@@ -562,13 +562,11 @@ Result<GptCuda> GptCuda::make(const GptConfig& config, GptCudaOptions options) {
                  "the CPU model (gpt.h), or give the GPU its policy-only config (value_head false) and the first "
                  "policy_count() parameters");
   }
-  int count = 0;
-  if (cudaError_t e = cudaGetDeviceCount(&count); e != cudaSuccess || count == 0) {
-    (void)cudaGetLastError();
-    return error(ErrorCode::unsupported, std::string("gpt cuda: no CUDA device here (") +
-                                             (e == cudaSuccess ? "none found" : cudaGetErrorString(e)) +
-                                             "): use the CPU model (gpt.h)");
+  auto devices = device_count();
+  if (!devices) {
+    return error(ErrorCode::unsupported, "gpt cuda: " + devices.error().message() + ": use the CPU model (gpt.h)");
   }
+  const int count = *devices;
   if (options.device < 0 || options.device >= count) {
     return error(ErrorCode::unsupported, "gpt cuda: device " + std::to_string(options.device) +
                                              " asked for; this machine has devices 0 to " + std::to_string(count - 1));
@@ -581,6 +579,16 @@ Result<GptCuda> GptCuda::make(const GptConfig& config, GptCudaOptions options) {
     return error(ErrorCode::start_failed, s.message());
   }
   return GptCuda(std::move(impl));
+}
+
+Result<int> GptCuda::device_count() {
+  int count = 0;
+  if (cudaError_t e = cudaGetDeviceCount(&count); e != cudaSuccess || count == 0) {
+    (void)cudaGetLastError();
+    return error(ErrorCode::unsupported, std::string("no CUDA device here (") +
+                                             (e == cudaSuccess ? "none found" : cudaGetErrorString(e)) + ")");
+  }
+  return count;
 }
 
 const ParamLayout& GptCuda::layout() const { return impl_->layout; }

@@ -64,6 +64,10 @@ class GptCuda {
   /// device (unsupported), CUDA or cuBLAS failing to start or to allocate
   /// the parameters (start_failed).
   static Result<GptCuda> make(const GptConfig& config, GptCudaOptions options = {});
+  /// The CUDA devices this process sees; unsupported ("no CUDA device
+  /// here (the driver's reason)") when there are none or the driver
+  /// cannot be used.
+  static Result<int> device_count();
 
   GptCuda(GptCuda&&) noexcept;
   GptCuda& operator=(GptCuda&&) noexcept;

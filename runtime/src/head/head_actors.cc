@@ -442,6 +442,9 @@ void HeadActor::create_on(Worker& w, const std::string& actor_id) {
       leave_worker(wid, actor_id);
       if (hopeless_error(r.error().code())) {
         actor_dead(actor_id, "it cannot be created: " + r.error().message(), false);
+      } else if (r.error().code() == ErrorCode::start_failed && it->second.rec.info.restarts == 0) {
+        // Its first creation threw: the same arguments would throw again.
+        actor_dead(actor_id, "it failed to start: " + r.error().message(), false);
       } else {
         actor_failed(actor_id, "creating it failed: " + r.error().message());
       }

@@ -45,6 +45,25 @@ Result<Location> WorkerActor::handle(const CreateActor& m) {
   options.snapshot_every = m.snapshot_every;
   auto spec = make(m.args, std::move(options));
   if (!spec) return error(spec.error());
+  // The first instance is built here, so that a constructor that throws
+  // is this creation's error (the head then records why the actor could
+  // not start, as Ray does for a failed creation task) rather than an
+  // actor that dies once alive and is restarted into the same throw. The
+  // cell takes this instance for its first incarnation; a later one (a
+  // restart in this process) is built by the class's own factory.
+  std::unique_ptr<ActorBase> first;
+  try {
+    first = spec->factory();
+  } catch (const std::exception& e) {
+    return error(ErrorCode::start_failed, std::string("its constructor threw: ") + e.what());
+  } catch (...) {
+    return error(ErrorCode::start_failed, "its constructor threw a non-std::exception");
+  }
+  auto prebuilt = std::make_shared<std::unique_ptr<ActorBase>>(std::move(first));
+  spec->factory = [prebuilt, factory = std::move(spec->factory)]() -> std::unique_ptr<ActorBase> {
+    if (*prebuilt) return std::move(*prebuilt);
+    return factory();
+  };
   spec->snapshot = m.snapshot;
   std::shared_ptr<HeadBox> head = head_;
   std::string id = m.actor_id;

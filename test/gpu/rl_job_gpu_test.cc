@@ -1,0 +1,123 @@
+// The RL trainer on a GPU (trainer.device = "cuda", rl/model/device_model.h):
+// the device model that make_device_model loads from libtroupe_rl_cuda, a
+// PolicyTrainer step on it against the same step on the CPU, and the
+// README's main job with its trainer rank on the GPU learning as it does on
+// the CPU.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "controller/rl_job.h"
+#include "model/device_model.h"
+#include "model/gpt.h"
+#include "train/batch.h"
+#include "train/policy_trainer.h"
+#include "troupe/init.h"
+
+using namespace troupe::rl;
+namespace fs = std::filesystem;
+
+namespace {
+
+model::GptConfig small() {
+  return model::GptConfig{.vocab_size = 259, .context_length = 24, .layers = 2, .heads = 4, .channels = 64};
+}
+
+model::Gpt<float> seeded(const model::GptConfig& c) {
+  auto m = model::Gpt<float>::make(c).value();
+  m.init_random(5);
+  return m;
+}
+
+train::TrainBatch policy_batch(const model::GptConfig& c) {
+  std::vector<train::TrainSequence> seqs;
+  for (int i = 0; i < 16; ++i) {
+    train::TrainSequence s;
+    s.prompt = {256, static_cast<int32_t>('0' + i % 10), '+', static_cast<int32_t>('0' + (i * 3) % 10), '='};
+    s.completion = {static_cast<int32_t>('0' + (i * 7) % 10), static_cast<int32_t>('0' + i % 4), 257};
+    s.completion_logprobs = {-2.0f - 0.05f * static_cast<float>(i), -1.0f, -0.3f};
+    s.advantage = (i % 2 == 0 ? 1.0 : -1.0) * (0.2 + 0.05 * i);
+    seqs.push_back(s);
+  }
+  return train::make_train_batch(seqs, c.context_length, 258).value();
+}
+
+double relative_l2(const float* a, const float* b, size_t n) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < n; ++i) {
+    num += (static_cast<double>(a[i]) - b[i]) * (static_cast<double>(a[i]) - b[i]);
+    den += static_cast<double>(b[i]) * b[i];
+  }
+  return std::sqrt(num / std::max(den, 1e-30));
+}
+
+}  // namespace
+
+TEST_CASE("gpu trainer: the CUDA device model's policy steps follow the CPU model's (fp32)", "[gpu][rl]") {
+  const auto c = small();
+  auto dev = model::make_device_model(c, {.kind = model::DeviceKind::cuda, .device = 0});
+  INFO((dev ? (*dev)->describe() : dev.error().to_string()));
+  REQUIRE(dev.has_value());
+  CHECK_THAT((*dev)->describe(), Catch::StartsWith("cuda:0 "));
+  model::AdamWConfig optim;
+  optim.learning_rate = 1e-3;
+  train::PolicyTrainer cpu(seeded(c), optim);
+  train::PolicyTrainer gpu(seeded(c), optim, std::nullopt, dev->get());
+  const auto batch = policy_batch(c);
+  model::PolicyLossConfig loss;
+  const size_t n = cpu.model().layout().total();
+  for (int step = 0; step < 3; ++step) {
+    INFO("step " << step);
+    auto a = cpu.policy_step(batch, loss);
+    auto b = gpu.policy_step(batch, loss);
+    REQUIRE(a);
+    REQUIRE(b);
+    CHECK(std::abs(a->loss - b->loss) <= 1e-4 * std::max(1.0, std::abs(a->loss)));
+    CHECK(std::abs(a->grad_norm - b->grad_norm) <= 1e-3 * a->grad_norm);
+    CHECK(relative_l2(gpu.model().params(), cpu.model().params(), n) < 1e-5);
+  }
+  // Bad input is the device's error, not a crash.
+  train::TrainBatch too_long = batch;
+  too_long.T = c.context_length + 1;
+  too_long.tokens.assign(too_long.B * too_long.T, 1);
+  too_long.targets = too_long.tokens;
+  too_long.mask.assign(too_long.B * too_long.T, 1.0f);
+  too_long.old_logprobs.assign(too_long.B * too_long.T, -1.0f);
+  too_long.advantages.assign(too_long.B * too_long.T, 1.0f);
+  CHECK_FALSE(gpu.policy_step(too_long, loss).has_value());
+}
+
+TEST_CASE("gpu trainer: the main example with its trainer rank on the GPU learns arithmetic", "[gpu][rl][job]") {
+  std::ifstream in(TROUPE_EXAMPLES_DIR "/rl/arithmetic_grpo_cuda.toml");
+  std::ostringstream text;
+  text << in.rdbuf();
+  REQUIRE_FALSE(text.str().empty());
+  const fs::path dir = fs::temp_directory_path() / ("troupe-rl-gpu-" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  troupe::InitOptions options;
+  options.runtime.log_level = "error";
+  auto s = troupe::init(options);
+  REQUIRE(s.has_value());
+  controller::JobOptions o;
+  o.run_dir = dir.string();
+  std::vector<std::string> lines;
+  o.progress = [&](const std::string& line) { lines.push_back(line); };
+  auto r = controller::run_rl_job((*s)->runtime(), (*s)->cluster(), text.str(), o);
+  std::error_code ec;
+  fs::remove_all(dir, ec);
+  INFO((r ? std::string("ok") : r.error().to_string()));
+  REQUIRE(r.has_value());
+  bool on_gpu = false;
+  for (const auto& l : lines) on_gpu |= l.find("trainer rank 0 on cuda:") != std::string::npos;
+  CHECK(on_gpu);
+  REQUIRE(r->evals.size() >= 2);
+  const double before = r->evals.front().second, after = r->evals.back().second;
+  INFO("held-out accuracy " << before << " -> " << after);
+  CHECK(after > 0.85);
+  CHECK(after > before + 0.25);
+}

@@ -1,0 +1,218 @@
+// The trainer's device path (model/device_model.h) on a machine without a
+// GPU: a PolicyTrainer on a device model takes the same steps as on the CPU
+// model (the device here is the CPU model behind the interface, so the bits
+// must agree), it re-uploads the host's weights each step, it refuses what
+// the device cannot compute, and a job asking for a GPU where there is none
+// is refused with the reason. The CUDA model itself: test/gpu.
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include <catch2/catch.hpp>
+
+#include "config/rl_config.h"
+#include "controller/rl_job.h"
+#include "model/device_model.h"
+#include "model/gpt.h"
+#include "train/policy_trainer.h"
+#include "troupe/init.h"
+
+using namespace troupe::rl;
+using troupe::ErrorCode;
+using troupe::Status;
+
+namespace {
+
+// The CPU model behind the DeviceModel interface: what a GPU's copy does,
+// on the host. It counts its uploads.
+class HostDeviceModel final : public model::DeviceModel {
+ public:
+  explicit HostDeviceModel(const model::GptConfig& c) : gpt_(model::Gpt<float>::make(c).value()) {}
+  std::string describe() const override { return "host (test)"; }
+  int device() const override { return 0; }
+  Status upload_params(const float* host) override {
+    std::memcpy(gpt_.params(), host, gpt_.layout().total() * sizeof(float));
+    ++uploads;
+    return {};
+  }
+  Status forward(const int32_t* tokens, const int32_t* targets, size_t B, size_t T, float* losses) override {
+    if (Status s = gpt_.forward(tokens, targets, B, T); !s.ok()) return s;
+    std::memcpy(losses, gpt_.losses(), B * T * sizeof(float));
+    forwarded = true;
+    return {};
+  }
+  Status backward(const float* dlosses, float* grads) override {
+    if (!forwarded) return Status(ErrorCode::invalid_argument, "no forward");
+    gpt_.zero_grad();
+    gpt_.backward(dlosses);
+    std::memcpy(grads, gpt_.grads(), gpt_.layout().total() * sizeof(float));
+    return {};
+  }
+  int uploads = 0;
+
+ private:
+  model::Gpt<float> gpt_;
+  bool forwarded = false;
+};
+
+model::GptConfig tiny() {
+  return model::GptConfig{.vocab_size = 20, .context_length = 12, .layers = 2, .heads = 2, .channels = 16};
+}
+
+model::Gpt<float> seeded(const model::GptConfig& c) {
+  auto m = model::Gpt<float>::make(c).value();
+  m.init_random(11);
+  return m;
+}
+
+// Two prompt groups' worth of sequences with logprobs and advantages.
+train::TrainBatch policy_batch(const model::GptConfig& c) {
+  std::vector<train::TrainSequence> seqs;
+  for (int i = 0; i < 6; ++i) {
+    train::TrainSequence s;
+    s.prompt = {1, static_cast<int32_t>(2 + i), 3};
+    s.completion = {static_cast<int32_t>(4 + i % 3), static_cast<int32_t>(7 + i), 2};
+    s.completion_logprobs = {-1.5f - 0.1f * static_cast<float>(i), -2.0f, -0.7f};
+    s.advantage = (i % 2 == 0 ? 1.0 : -1.0) * (0.5 + 0.1 * i);
+    seqs.push_back(s);
+  }
+  return train::make_train_batch(seqs, c.context_length, 0).value();
+}
+
+model::AdamWConfig optim() {
+  model::AdamWConfig o;
+  o.learning_rate = 1e-2;
+  return o;
+}
+
+}  // namespace
+
+TEST_CASE("policy trainer: on a device model it takes the CPU model's steps, bit for bit, re-uploading the host's "
+          "weights each step",
+          "[rl][train]") {
+  const auto c = tiny();
+  const auto batch = policy_batch(c);
+  model::PolicyLossConfig loss;
+  loss.kl_coef = 0;
+  train::PolicyTrainer cpu(seeded(c), optim());
+  HostDeviceModel dev(c);
+  train::PolicyTrainer on_device(seeded(c), optim(), std::nullopt, &dev);
+  const size_t n = cpu.model().layout().total();
+  for (int step = 0; step < 3; ++step) {
+    INFO("step " << step);
+    auto a = cpu.policy_step(batch, loss);
+    auto b = on_device.policy_step(batch, loss);
+    REQUIRE(a);
+    REQUIRE(b);
+    CHECK(a->loss == b->loss);
+    CHECK(a->grad_norm == b->grad_norm);
+    CHECK(a->grad_norm > 0);
+    CHECK(std::memcmp(cpu.model().params(), on_device.model().params(), n * sizeof(float)) == 0);
+  }
+  CHECK(dev.uploads == 3);
+  // Weights replaced on the host (a copied state, a collective) are the
+  // ones the next step computes with.
+  auto other = seeded(c);
+  for (size_t i = 0; i < n; ++i) other.params()[i] *= 0.5f;
+  std::memcpy(cpu.model().params(), other.params(), n * sizeof(float));
+  std::memcpy(on_device.model().params(), other.params(), n * sizeof(float));
+  auto a = cpu.supervised_step(batch);
+  auto b = on_device.supervised_step(batch);
+  REQUIRE(a);
+  REQUIRE(b);
+  CHECK(a->loss == b->loss);
+  CHECK(std::memcmp(cpu.model().params(), on_device.model().params(), n * sizeof(float)) == 0);
+}
+
+TEST_CASE("policy trainer: the device path refuses PPO (no value head there), naming the CPU model", "[rl][train]") {
+  auto c = tiny();
+  const auto batch = policy_batch(c);
+  model::PolicyLossConfig loss;
+  c.value_head = true;
+  HostDeviceModel critic_dev(c);
+  train::PolicyTrainer ppo(seeded(c), optim(), std::nullopt, &critic_dev);
+  std::vector<double> rewards(batch.B, 1.0);
+  auto p = ppo.ppo_gradients(batch, rewards, loss, {});
+  REQUIRE_FALSE(p);
+  CHECK(p.error().code() == ErrorCode::unsupported);
+  CHECK_THAT(p.error().message(), Catch::Contains("CPU model"));
+  CHECK(critic_dev.uploads == 0);
+}
+
+TEST_CASE("device model: the CUDA model is made where a GPU is, and refused with what to use instead where none is",
+          "[rl][train]") {
+  auto made = model::make_device_model(tiny(), {.kind = model::DeviceKind::cuda});
+  if (made) {
+    CHECK_THAT((*made)->describe(), Catch::StartsWith("cuda:"));
+    CHECK((*made)->device() >= 0);
+  } else {
+    CHECK(made.error().code() == ErrorCode::unsupported);
+    CHECK_THAT(made.error().message(), Catch::Contains("CPU"));
+  }
+  // A bad config is the config's error, before any device is looked for.
+  auto bad = tiny();
+  bad.heads = 3;
+  auto refused = model::make_device_model(bad, {});
+  REQUIRE_FALSE(refused);
+  CHECK(refused.error().code() == ErrorCode::invalid_argument);
+}
+
+TEST_CASE("rl job: trainer.device = cuda where the processes see no GPU fails at the start, with the reason",
+          "[rl][job]") {
+  // The job's worker processes inherit this: CUDA shows them no device,
+  // on a GPU machine too.
+  struct HideGpus {
+    std::string before;
+    bool had = false;
+    HideGpus() {
+      if (const char* v = std::getenv("CUDA_VISIBLE_DEVICES")) {
+        had = true;
+        before = v;
+      }
+      ::setenv("CUDA_VISIBLE_DEVICES", "", 1);
+    }
+    ~HideGpus() { had ? (void)::setenv("CUDA_VISIBLE_DEVICES", before.c_str(), 1) : (void)::unsetenv("CUDA_VISIBLE_DEVICES"); }
+  } hide;
+  troupe::InitOptions options;
+  options.runtime.log_level = "error";
+  options.resources["CPU"] = 4;
+  // The cluster offers a GPU its processes cannot use (a wrong --gpus).
+  options.resources["GPU"] = 1;
+  auto s = troupe::init(options);
+  REQUIRE(s.has_value());
+  const std::string text =
+      "[run]\nsteps = 2\n[model]\ninit = \"random\"\n[trainer]\ndevice = \"cuda\"\n[algorithm]\nprompts_per_step = 2\n";
+  controller::JobOptions o;
+  o.run_dir = (std::filesystem::temp_directory_path() / ("troupe-rl-dev-" + std::to_string(::getpid()))).string();
+  o.progress = [](const std::string&) {};
+  auto r = controller::run_rl_job((*s)->runtime(), (*s)->cluster(), text, o);
+  std::error_code ec;
+  std::filesystem::remove_all(o.run_dir, ec);
+  REQUIRE_FALSE(r);
+  INFO(r.error().message());
+  CHECK_THAT(r.error().message(), Catch::Contains("trainer.device") && Catch::Contains("no CUDA device"));
+  CHECK_THAT(r.error().message(), Catch::Contains("failed to start"));
+}
+
+TEST_CASE("rl config: trainer.device and trainer.precision are checked against what the device runs", "[rl][config]") {
+  auto refusal = [](const std::string& toml) {
+    auto c = config::parse_rl_config(toml, "test.toml");
+    REQUIRE_FALSE(c);
+    return c.error().message();
+  };
+  CHECK_THAT(refusal("[trainer]\ndevice = \"tpu\"\n"), Catch::Contains("'trainer.device'") && Catch::Contains("cuda"));
+  CHECK_THAT(refusal("[trainer]\ndevice = \"cuda\"\n[algorithm]\nname = \"ppo\"\n"),
+             Catch::Contains("'trainer.device'") && Catch::Contains("PPO"));
+  CHECK_THAT(refusal("[trainer]\ndevice = \"cuda\"\n[algorithm]\nentropy_coef = 0.01\n"),
+             Catch::Contains("'algorithm.entropy_coef'"));
+  CHECK_THAT(refusal("[trainer]\nprecision = \"bf16\"\n"), Catch::Contains("'trainer.precision'"));
+  CHECK_THAT(refusal("[trainer]\ndevice = \"cuda\"\nprecision = \"fp8\"\n"), Catch::Contains("'trainer.precision'"));
+  CHECK_THAT(refusal("[trainer]\ndevice = \"cuda\"\ngpus_per_rank = 0\n"), Catch::Contains("'trainer.gpus_per_rank'"));
+  auto ok = config::parse_rl_config("[trainer]\ndevice = \"cuda\"\nprecision = \"bf16\"\ngpus_per_rank = 0.5\n", "t");
+  REQUIRE(ok);
+  CHECK(ok->trainer.device == config::TrainerConfig::Device::cuda);
+  CHECK(ok->trainer.precision == model::MatmulPrecision::bf16);
+  CHECK(ok->trainer.gpus_per_rank == 0.5);
+}
