@@ -21,6 +21,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -51,6 +52,13 @@ using namespace troupe::rl;
 using bench::emit;
 using Clock = std::chrono::steady_clock;
 namespace fs = std::filesystem;
+
+// The examples folder: TROUPE_EXAMPLES_DIR's value when set (a bundle run
+// on another machine, scripts/gpu.sh), else this build's source tree's.
+std::string examples_dir() {
+  const char* env = std::getenv("TROUPE_EXAMPLES_DIR");
+  return env != nullptr ? env : TROUPE_EXAMPLES_DIR;
+}
 
 std::string read_file(const std::string& p) {
   std::ifstream in(p, std::ios::binary);
@@ -286,7 +294,7 @@ void trainer_device(Session& s, bool quick) {
     std::fprintf(stderr, "trainer on the GPU: skipped (%s)\n", probe.error().message().c_str());
     return;
   }
-  std::string base = read_file(TROUPE_EXAMPLES_DIR "/rl/arithmetic_grpo_cuda.toml");
+  std::string base = read_file(examples_dir() + "/rl/arithmetic_grpo_cuda.toml");
   base = set_key(set_key(base, "steps", quick ? "5" : "30"), "eval_every", "1000");
   base = set_key(set_key(base, "checkpoint_every", "0"), "threads", "8");
   struct Size {
@@ -347,7 +355,7 @@ int main(int argc, char** argv) {
   if (!part("job")) return 0;
 
   // Sync vs async on the same disaggregated job.
-  std::string base = read_file(TROUPE_EXAMPLES_DIR "/rl/arithmetic_grpo_async.toml");
+  std::string base = read_file(examples_dir() + "/rl/arithmetic_grpo_async.toml");
   auto set = [](std::string text, const std::string& key, const std::string& value) {
     const size_t at = text.find("\n" + key + " = ");
     const size_t end = text.find('\n', at + 1);

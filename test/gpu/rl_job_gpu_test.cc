@@ -6,6 +6,7 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -93,7 +94,10 @@ TEST_CASE("gpu trainer: the CUDA device model's policy steps follow the CPU mode
 }
 
 TEST_CASE("gpu trainer: the main example with its trainer rank on the GPU learns arithmetic", "[gpu][rl][job]") {
-  std::ifstream in(TROUPE_EXAMPLES_DIR "/rl/arithmetic_grpo_cuda.toml");
+  // A bundle run on another machine (scripts/gpu.sh) names where the
+  // examples are there.
+  const char* examples = std::getenv("TROUPE_EXAMPLES_DIR");
+  std::ifstream in(std::string(examples != nullptr ? examples : TROUPE_EXAMPLES_DIR) + "/rl/arithmetic_grpo_cuda.toml");
   std::ostringstream text;
   text << in.rdbuf();
   REQUIRE_FALSE(text.str().empty());
