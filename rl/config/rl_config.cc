@@ -246,6 +246,11 @@ Status RlConfig::validate() const {
                            ") is more than the sequences of a step (prompts_per_step x group_size = " +
                            std::to_string(algorithm.prompts_per_step * algorithm.group_size) + ")");
   }
+  if (algorithm.mini_batches > algorithm.prompts_per_step * algorithm.group_size) {
+    return bad(source, "'algorithm.mini_batches' (" + std::to_string(algorithm.mini_batches) +
+                           ") is more than the sequences of a step (prompts_per_step x group_size = " +
+                           std::to_string(algorithm.prompts_per_step * algorithm.group_size) + ")");
+  }
   if (trainer.device == TrainerConfig::Device::cuda) {
     if (algorithm.name == Algorithm::ppo) {
       return bad(source, "'trainer.device' \"cuda\" does not run PPO's value head (the CUDA model has no kernels for "
@@ -373,6 +378,8 @@ Result<RlConfig> parse_rl_config(std::string_view text, std::string_view source_
     r.number("lambda", a.lambda, 0, 1);
     r.number("value_coef", a.value_coef, 0, 100);
     r.number("value_clip", a.value_clip, 0, 100);
+    r.count("epochs", a.epochs, 1, 100);
+    r.count("mini_batches", a.mini_batches, 1, 1'000'000);
     read_optim(r, a.optim);
     r.finish();
   }
@@ -495,7 +502,9 @@ std::string rl_config_json(const RlConfig& c) {
                          {"gamma", a.gamma},
                          {"lambda", a.lambda},
                          {"value_coef", a.value_coef},
-                         {"value_clip", a.value_clip}});
+                         {"value_clip", a.value_clip},
+                         {"epochs", a.epochs},
+                         {"mini_batches", a.mini_batches}});
   j["trainer"] = {{"ranks", c.trainer.ranks},
                   {"threads", c.trainer.threads},
                   {"shard_optimizer", c.trainer.shard_optimizer},

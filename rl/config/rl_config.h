@@ -131,6 +131,13 @@ struct AlgorithmConfig {
   /// PPO: GAE's discount and lambda, the value loss's weight and clipping.
   double gamma = 1.0, lambda = 0.95;
   double value_coef = 0.5, value_clip = 0.2;
+  /// Updates per step (veRL's ppo_epochs and ppo_mini_batch_size): the
+  /// step's sequences are split into `mini_batches` parts, and the trainer
+  /// takes one optimizer step on each, `epochs` times over. With more than
+  /// one update, the later ones train on samples of older weights, which
+  /// is what the clipped ratio bounds; PPO's critic keeps the values it
+  /// gave before the first update (its old values).
+  size_t epochs = 1, mini_batches = 1;
 };
 
 /// [trainer]: the data-parallel trainer mesh.

@@ -213,6 +213,8 @@ struct StepResult {
   size_t sequences = 0, tokens = 0;
   double compute_s = 0, allreduce_s = 0;
   bool trained = false;
+  // Optimizer steps taken (algorithm.epochs x mini_batches; 1 by default).
+  size_t updates = 0;
 };
 
 // What each rank of a step did.
@@ -331,6 +333,12 @@ class Job {
   // One step on the trainer mesh, recovering from a lost rank (see the
   // file comment of rl_job.h).
   Result<StepResult> train_step(const std::vector<trainer::WireSequence>& seqs, bool supervised);
+  // An RL step's updates (algorithm.epochs x mini_batches train_steps),
+  // their stats combined.
+  Result<StepResult> train_updates(std::vector<trainer::WireSequence> seqs);
+  // PPO: each sequence's old values (the critic's before any update),
+  // from the ranks, in place.
+  Status score_values(std::vector<trainer::WireSequence>& seqs);
   Status recover_trainers(const std::vector<size_t>& ok_ranks);
   // Every rank's TrainerInfo (the asks wait for restarting ranks).
   Result<std::vector<trainer::TrainerInfo>> trainer_infos() const;
@@ -448,6 +456,7 @@ Result<StepResult> Job::train_step(const std::vector<trainer::WireSequence>& seq
                            rl_phase_, timeout_);
     if (out.failed.empty()) {
       if (out.combined.trained) ++optimizer_steps_;
+      out.combined.updates = out.combined.trained ? 1 : 0;
       return out.combined;
     }
     std::string why;
@@ -466,9 +475,86 @@ Result<StepResult> Job::train_step(const std::vector<trainer::WireSequence>& seq
                      " had applied it); every rank took its state; new collective group",
             seconds_since(start));
       ++optimizer_steps_;
+      out.combined.updates = 1;
       return out.combined;
     }
     fault(why, "every rank took a survivor's state; new collective group; step redone", seconds_since(start));
+  }
+}
+
+Result<StepResult> Job::train_updates(std::vector<trainer::WireSequence> seqs) {
+  const size_t epochs = c_.algorithm.epochs;
+  const size_t parts = std::max<size_t>(1, std::min(c_.algorithm.mini_batches, seqs.size()));
+  if (epochs * parts == 1) return train_step(seqs, false);
+  if (c_.algorithm.name == config::Algorithm::ppo) {
+    if (Status s = score_values(seqs); !s.ok()) return error(s);
+  }
+  StepResult all;
+  all.sequences = seqs.size();
+  size_t trained = 0;
+  for (size_t e = 0; e < epochs; ++e) {
+    for (size_t p = 0; p < parts; ++p) {
+      // Contiguous parts of near-equal size (a group's samples stay together
+      // where the sizes allow).
+      const size_t begin = p * seqs.size() / parts, end = (p + 1) * seqs.size() / parts;
+      std::vector<trainer::WireSequence> part(seqs.begin() + static_cast<ptrdiff_t>(begin),
+                                              seqs.begin() + static_cast<ptrdiff_t>(end));
+      auto st = train_step(part, false);
+      if (!st) return st;
+      if (e == 0) all.tokens += st->tokens;
+      all.compute_s += st->compute_s;
+      all.allreduce_s += st->allreduce_s;
+      if (!st->trained) continue;
+      ++trained;
+      all.trained = true;
+      // Means over the updates; the last update's norm and learning rate.
+      all.loss += st->loss;
+      all.kl += st->kl;
+      all.clip_fraction += st->clip_fraction;
+      all.entropy += st->entropy;
+      all.value_loss += st->value_loss;
+      all.explained_variance += st->explained_variance;
+      all.grad_norm = st->grad_norm;
+      all.learning_rate = st->learning_rate;
+    }
+  }
+  all.updates = trained;
+  if (trained > 0) {
+    for (double* v : {&all.loss, &all.kl, &all.clip_fraction, &all.entropy, &all.value_loss, &all.explained_variance}) {
+      *v /= static_cast<double>(trained);
+    }
+  }
+  return all;
+}
+
+Status Job::score_values(std::vector<trainer::WireSequence>& seqs) {
+  const auto& T = *meshes_.trainers;
+  const size_t R = T.size();
+  for (int attempt = 0;; ++attempt) {
+    std::vector<std::vector<trainer::WireSequence>> shards(R);
+    for (size_t i = 0; i < seqs.size(); ++i) shards[i % R].push_back(seqs[i]);
+    std::vector<Future<std::vector<std::vector<float>>>> asks;
+    for (size_t r = 0; r < R; ++r) asks.push_back(T.member(r).ask(trainer::ScoreValues{std::move(shards[r])}, timeout_));
+    std::string why;
+    Status first;
+    for (size_t r = 0; r < R; ++r) {
+      auto v = asks[r].get();
+      if (!v) {
+        if (first.ok()) first = v.error();
+        why += (why.empty() ? "" : "; ") + std::string("trainer rank ") + std::to_string(r) + ": " + v.error().message();
+        continue;
+      }
+      for (size_t k = 0; k < v->size(); ++k) seqs[r + k * R].values = std::move((*v)[k]);
+    }
+    if (why.empty()) return {};
+    if (attempt == 4) return Status(first.code(), "scoring the old values: " + why);
+    // Scoring changes no state: any rank with the job's state will do.
+    const auto start = Clock::now();
+    if (Status s = recover_trainers({}); !s.ok()) {
+      return Status(s.code(), "scoring the old values: " + why + "; recovery failed: " + s.message());
+    }
+    fault(why, "every rank took a survivor's state; new collective group; old values scored again",
+          seconds_since(start));
   }
 }
 
@@ -1053,7 +1139,7 @@ Result<JobResult> Job::run() {
         // group that scored all the same are zero (no signal).
         if (algorithm != config::Algorithm::ppo && (*adv)[i] == 0.0) continue;
         seqs.push_back({rec.prompt, rec.samples[i].tokens, rec.samples[i].logprobs, (*adv)[i], r,
-                        rec.masks.empty() ? std::vector<uint8_t>{} : rec.masks[i]});
+                        rec.masks.empty() ? std::vector<uint8_t>{} : rec.masks[i], {}});
       }
       gen_done = std::max(gen_done, rec.generated_at_s);
       scored = std::max(scored, rec.scored_at_s);
@@ -1061,7 +1147,7 @@ Result<JobResult> Job::run() {
     }
     while (consumed_.count(consumed_low_)) consumed_.erase(consumed_low_++);
     const auto train_start = Clock::now();
-    auto st = train_step(seqs, false);
+    auto st = train_updates(std::move(seqs));
     if (!st) {
       return error(st.error().code(), "rl job: step " + std::to_string(step) + ": " + st.error().message() +
                                           " (resume from the last checkpoint with --resume)");
@@ -1095,6 +1181,7 @@ Result<JobResult> Job::run() {
                  {"tokens", sample_tokens},
                  {"tokens_per_s", static_cast<double>(sample_tokens) / step_s},
                  {"trained_sequences", st->sequences},
+                 {"updates", st->updates},
                  {"staleness_mean", staleness_sum / static_cast<double>(samples)},
                  {"staleness_max", staleness_max},
                  {"dropped_stale", stale},

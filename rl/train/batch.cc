@@ -24,6 +24,17 @@ Result<TrainBatch> make_train_batch(std::span<const TrainSequence> sequences, si
                                                     " logprobs for " + std::to_string(s.completion.size()) +
                                                     " completion tokens");
     }
+    if (!s.completion_values.empty() && s.completion_values.size() != s.completion.size()) {
+      return error(ErrorCode::invalid_argument, "train batch: sequence " + std::to_string(i) + " has " +
+                                                    std::to_string(s.completion_values.size()) + " values for " +
+                                                    std::to_string(s.completion.size()) + " completion tokens");
+    }
+    if (s.completion_values.empty() != sequences[0].completion_values.empty()) {
+      return error(ErrorCode::invalid_argument, "train batch: sequence " + std::to_string(i) +
+                                                    (s.completion_values.empty() ? " has no" : " has") +
+                                                    " old values and sequence 0" +
+                                                    (s.completion_values.empty() ? " has" : " has none"));
+    }
     if (!s.completion_mask.empty() && s.completion_mask.size() != s.completion.size()) {
       return error(ErrorCode::invalid_argument, "train batch: sequence " + std::to_string(i) + " has a mask of " +
                                                     std::to_string(s.completion_mask.size()) + " for " +
@@ -40,6 +51,7 @@ Result<TrainBatch> make_train_batch(std::span<const TrainSequence> sequences, si
   b.mask.assign(n, 0.0f);
   b.old_logprobs.assign(n, 0.0f);
   b.advantages.assign(n, 0.0f);
+  if (!sequences[0].completion_values.empty()) b.old_values.assign(n, 0.0f);
   for (size_t i = 0; i < b.B; ++i) {
     const TrainSequence& s = sequences[i];
     std::vector<int32_t> seq(s.prompt);
@@ -56,6 +68,7 @@ Result<TrainBatch> make_train_batch(std::span<const TrainSequence> sequences, si
       b.mask[at] = 1.0f;
       b.advantages[at] = static_cast<float>(s.advantage);
       if (!s.completion_logprobs.empty()) b.old_logprobs[at] = s.completion_logprobs[k];
+      if (!s.completion_values.empty()) b.old_values[at] = s.completion_values[k];
       ++b.completion_tokens;
     }
   }

@@ -26,6 +26,9 @@ struct TrainSequence {
   /// episode's completion holds the environment's observations between
   /// the model's turns: those are context, not the policy's tokens (0).
   std::vector<uint8_t> completion_mask;
+  /// PPO: the critic's value at each completion token's position before
+  /// this step's updates (empty: the values of the forward that trains).
+  std::vector<float> completion_values;
 };
 
 /// A batch in the model's layout: position t of row b predicts
@@ -38,6 +41,9 @@ struct TrainBatch {
   /// Where the mask is 1: that token's sampling log-probability and the
   /// sequence's advantage; 0 elsewhere.
   std::vector<float> old_logprobs, advantages;
+  /// Where the mask is 1: the sequence's completion_values (0 elsewhere);
+  /// empty when no sequence has them.
+  std::vector<float> old_values;
   /// Completion tokens in the batch (the mask's sum).
   size_t completion_tokens = 0;
 };
@@ -45,7 +51,8 @@ struct TrainBatch {
 /// Lays out `sequences` with T = the longest prompt + completion - 1,
 /// padding with `pad_token`. Errors: no sequences, an empty prompt or
 /// completion, a sequence longer than `context_length` + 1 tokens,
-/// logprobs or a mask given for some tokens but not all.
+/// logprobs, values or a mask given for some tokens but not all, values
+/// given for some sequences but not all.
 Result<TrainBatch> make_train_batch(std::span<const TrainSequence> sequences, size_t context_length,
                                     int32_t pad_token);
 

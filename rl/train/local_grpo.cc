@@ -203,7 +203,7 @@ Result<LocalGrpoResult> run_local_grpo(const LocalGrpoConfig& config,
       std::vector<TrainSequence> seqs;
       for (size_t i = 0; i < prompts.size(); ++i) {
         if ((*adv)[i] == 0.0 || (*samples)[i].tokens.empty()) continue;
-        seqs.push_back({prompts[i], (*samples)[i].tokens, (*samples)[i].logprobs, (*adv)[i], {}});
+        seqs.push_back({prompts[i], (*samples)[i].tokens, (*samples)[i].logprobs, (*adv)[i], {}, {}});
       }
       if (!seqs.empty()) {
         auto batch = make_train_batch(seqs, context, ByteTokenizer::kPad);

@@ -98,7 +98,11 @@ Result<StepStats> PolicyTrainer::ppo_gradients(const TrainBatch& batch, std::spa
       }
     }
   }
-  old_values_.assign(model_.values(), model_.values() + n);
+  if (batch.old_values.empty()) {
+    old_values_.assign(model_.values(), model_.values() + n);
+  } else {
+    old_values_ = batch.old_values;
+  }
   advantages_.resize(n);
   returns_.resize(n);
   if (Status s = algo::gae(rewards_.data(), old_values_.data(), batch.mask.data(), B, T, ppo.gae, advantages_.data(),
@@ -134,6 +138,17 @@ Result<StepStats> PolicyTrainer::ppo_gradients(const TrainBatch& batch, std::spa
     st->value = *vl;
   }
   return st;
+}
+
+Result<std::vector<float>> PolicyTrainer::values(const TrainBatch& batch) {
+  if (!model_.config().value_head) {
+    return error(ErrorCode::invalid_argument, "ppo: the model has no value head (GptConfig::value_head)");
+  }
+  if (device_ != nullptr) {
+    return error(ErrorCode::unsupported, "ppo: the device model has no value head: train PPO on the CPU model");
+  }
+  if (Status s = model_.forward(batch.tokens.data(), batch.targets.data(), batch.B, batch.T); !s.ok()) return error(s);
+  return std::vector<float>(model_.values(), model_.values() + batch.B * batch.T);
 }
 
 Result<StepStats> PolicyTrainer::backward(const TrainBatch& batch, double loss, double grad_scale, float* dvalues,

@@ -84,16 +84,21 @@ class PolicyTrainer {
   /// times `grad_scale`, in model().grads().
   Result<StepStats> policy_gradients(const TrainBatch& batch, const model::PolicyLossConfig& config,
                                      const float* ref_logprobs = nullptr, double grad_scale = 1.0);
-  /// PPO (one epoch on fresh samples, as on-policy RL post-training
-  /// runs it): the model must have a value head. One forward gives the
+  /// PPO: the model must have a value head. One forward gives the
   /// policy's log-probabilities, its entropies and the critic's values; GAE
   /// over each sequence (its outcome `rewards[b]` on its last completion
-  /// token) gives per-token advantages and returns; the gradient is that of
-  /// the policy loss plus value_coef times the value loss (the values of
-  /// this same forward are the old values), times `grad_scale`.
+  /// token) with the old values gives per-token advantages and returns; the
+  /// gradient is that of the policy loss plus value_coef times the value
+  /// loss, times `grad_scale`. The old values are the batch's old_values
+  /// (the critic's before the step's first update: several updates per
+  /// batch), or else this forward's (one update on fresh samples).
   Result<StepStats> ppo_gradients(const TrainBatch& batch, std::span<const double> rewards,
                                   const model::PolicyLossConfig& config, const PpoConfig& ppo,
                                   const float* ref_logprobs = nullptr, double grad_scale = 1.0);
+  /// PPO: the critic's value at each position of `batch` (B*T), from a
+  /// forward of the current weights (no gradient). Errors: no value head,
+  /// a batch the model refuses.
+  Result<std::vector<float>> values(const TrainBatch& batch);
   /// Zero gradients: a rank with no share of a batch still takes part in
   /// the sum.
   void zero_gradients() { model_.zero_grad(); }

@@ -52,6 +52,13 @@ model::ParamRange segment_of(size_t count, size_t rank, size_t ranks) {
   return {begin, begin + q + (rank < rest ? 1 : 0)};
 }
 
+Result<train::TrainBatch> wire_batch(const std::vector<WireSequence>& wire, size_t context_length) {
+  std::vector<train::TrainSequence> seqs;
+  seqs.reserve(wire.size());
+  for (const auto& w : wire) seqs.push_back({w.prompt, w.completion, w.logprobs, w.advantage, w.mask, w.values});
+  return train::make_train_batch(seqs, context_length, model::ByteTokenizer::kPad);
+}
+
 }  // namespace
 
 TrainerRank::TrainerRank(std::string config_toml) : config_(config::job_config_or_throw(config_toml, "trainer")) {
@@ -142,10 +149,7 @@ Deferred<RankStepStats> TrainerRank::handle(const TrainStep& m) {
   if (m.sequences.empty()) {
     trainer_->zero_gradients();
   } else {
-    std::vector<train::TrainSequence> seqs;
-    seqs.reserve(m.sequences.size());
-    for (const auto& w : m.sequences) seqs.push_back({w.prompt, w.completion, w.logprobs, w.advantage, w.mask});
-    auto batch = train::make_train_batch(seqs, config_.model.shape.context_length, model::ByteTokenizer::kPad);
+    auto batch = wire_batch(m.sequences, config_.model.shape.context_length);
     if (!batch) {
       reply.fail(batch.error());
       return reply;
@@ -219,6 +223,23 @@ Deferred<RankStepStats> TrainerRank::handle(const TrainStep& m) {
                finish(reduce_start);
              });
   return reply;
+}
+
+Result<std::vector<std::vector<float>>> TrainerRank::handle(const ScoreValues& m) {
+  std::vector<std::vector<float>> out;
+  if (m.sequences.empty()) return out;
+  auto batch = wire_batch(m.sequences, config_.model.shape.context_length);
+  if (!batch) return error(batch.error());
+  auto values = trainer_->values(*batch);
+  if (!values) return error(values.error());
+  // Completion token k of sequence i is predicted at position
+  // prompt.size() - 1 + k of row i (train/batch.h).
+  for (size_t i = 0; i < m.sequences.size(); ++i) {
+    const auto& w = m.sequences[i];
+    const float* row = values->data() + i * batch->T + (w.prompt.size() - 1);
+    out.emplace_back(row, row + w.completion.size());
+  }
+  return out;
 }
 
 void TrainerRank::sharded_step(Deferred<RankStepStats> reply, RankStepStats out, train::StepStats st,

@@ -42,7 +42,11 @@ struct WireSequence {
   /// Which completion tokens are the policy's (empty: all; see
   /// TrainSequence::completion_mask).
   std::vector<uint8_t> mask;
-  TROUPE_FIELDS(prompt, completion, logprobs, advantage, reward, mask);
+  /// PPO with several updates per step: the critic's value at each
+  /// completion token before the step's first update (ScoreValues); empty:
+  /// the training forward's own.
+  std::vector<float> values;
+  TROUPE_FIELDS(prompt, completion, logprobs, advantage, reward, mask, values);
 };
 
 /// What one rank's step did (its share; the driver combines the ranks').
@@ -84,6 +88,14 @@ struct TrainStep {
   uint64_t expected_steps = 0;
   bool rl_phase = false;
   TROUPE_MESSAGE_NAMED(TrainStep, "troupe.rl.TrainStep", supervised, sequences, grad_scale, expected_steps, rl_phase);
+};
+
+/// PPO: the critic's value at each completion token of each sequence, with
+/// the rank's current weights (no update). The reply holds one vector per
+/// sequence, as long as its completion.
+struct ScoreValues {
+  std::vector<WireSequence> sequences;
+  TROUPE_MESSAGE_NAMED(ScoreValues, "troupe.rl.ScoreValues", sequences);
 };
 
 /// The weights for readers elsewhere: a registered copy of the policy's
@@ -177,7 +189,7 @@ struct GetTrainerInfo {
 };
 
 /// The actor.
-class TrainerRank : public Actor<TrainerRank, JoinTrainerGroup, TrainStep, PublishWeights, StartRlPhase,
+class TrainerRank : public Actor<TrainerRank, JoinTrainerGroup, TrainStep, ScoreValues, PublishWeights, StartRlPhase,
                                  SaveTrainerState, LoadTrainerState, ExportTrainerState, ImportTrainerState,
                                  GetTrainerInfo> {
  public:
@@ -188,6 +200,7 @@ class TrainerRank : public Actor<TrainerRank, JoinTrainerGroup, TrainStep, Publi
 
   void handle(const JoinTrainerGroup& m);
   Deferred<RankStepStats> handle(const TrainStep& m);
+  Result<std::vector<std::vector<float>>> handle(const ScoreValues& m);
   PublishedWeights handle(const PublishWeights& m);
   void handle(const StartRlPhase& m);
   Deferred<void> handle(const SaveTrainerState& m);

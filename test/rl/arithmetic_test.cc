@@ -98,8 +98,8 @@ TEST_CASE("train batch: completion tokens are masked in where the model predicts
   using model::ByteTokenizer;
   const int32_t pad = ByteTokenizer::kPad;
   std::vector<train::TrainSequence> seqs = {
-      {{256, 49, 61}, {50, 257}, {-0.5f, -0.25f}, 1.5, {}},  // "1=" -> "2" EOS
-      {{256, 61}, {51, 52, 257}, {-1.f, -2.f, -3.f}, -0.5, {}},
+      {{256, 49, 61}, {50, 257}, {-0.5f, -0.25f}, 1.5, {}, {}},  // "1=" -> "2" EOS
+      {{256, 61}, {51, 52, 257}, {-1.f, -2.f, -3.f}, -0.5, {}, {}},
   };
   auto b = train::make_train_batch(seqs, 8, pad).value();
   REQUIRE(b.B == 2);
@@ -111,25 +111,35 @@ TEST_CASE("train batch: completion tokens are masked in where the model predicts
   CHECK(b.advantages == std::vector<float>{0, 0, 1.5f, 1.5f, 0, -0.5f, -0.5f, -0.5f});
   CHECK(b.completion_tokens == 5);
 
-  std::vector<train::TrainSequence> padded = {{{256}, {50}, {}, 0, {}}, {{256, 1, 2, 3}, {4}, {}, 0, {}}};
+  std::vector<train::TrainSequence> padded = {{{256}, {50}, {}, 0, {}, {}}, {{256, 1, 2, 3}, {4}, {}, 0, {}, {}}};
   auto p = train::make_train_batch(padded, 8, pad).value();
   CHECK(p.tokens == std::vector<int32_t>{256, pad, pad, pad, 256, 1, 2, 3});
   CHECK(p.mask == std::vector<float>{1, 0, 0, 0, 0, 0, 0, 1});
 
-  std::vector<train::TrainSequence> too_long = {{{256, 1, 2, 3, 4}, {5, 6, 7, 8, 9}, {}, 0, {}}};
+  std::vector<train::TrainSequence> too_long = {{{256, 1, 2, 3, 4}, {5, 6, 7, 8, 9}, {}, 0, {}, {}}};
   CHECK_THAT(train::make_train_batch(too_long, 8, pad).error().message(), Catch::Contains("at most 9"));
-  std::vector<train::TrainSequence> empty = {{{}, {1}, {}, 0, {}}};
+  std::vector<train::TrainSequence> empty = {{{}, {1}, {}, 0, {}, {}}};
   CHECK(!train::make_train_batch(empty, 8, pad));
-  std::vector<train::TrainSequence> bad_lp = {{{256}, {1, 2}, {-1.f}, 0, {}}};
+  std::vector<train::TrainSequence> bad_lp = {{{256}, {1, 2}, {-1.f}, 0, {}, {}}};
   CHECK_THAT(train::make_train_batch(bad_lp, 8, pad).error().message(), Catch::Contains("1 logprobs for 2"));
   // A multi-turn completion: the environment's tokens between the model's
   // turns are context, not trained on.
-  std::vector<train::TrainSequence> turns = {{{256, 49}, {50, 257, 43, 51}, {-1.f, -1.f, 0.f, -1.f}, 2.0, {1, 1, 0, 1}}};
+  std::vector<train::TrainSequence> turns = {{{256, 49}, {50, 257, 43, 51}, {-1.f, -1.f, 0.f, -1.f}, 2.0, {1, 1, 0, 1}, {}}};
   auto tb = train::make_train_batch(turns, 8, pad).value();
   CHECK(tb.mask == std::vector<float>{0, 1, 1, 0, 1});
   CHECK(tb.advantages == std::vector<float>{0, 2, 2, 0, 2});
   CHECK(tb.completion_tokens == 3);
-  std::vector<train::TrainSequence> bad_mask = {{{256}, {1, 2}, {}, 0, {1}}};
+  std::vector<train::TrainSequence> bad_mask = {{{256}, {1, 2}, {}, 0, {1}, {}}};
   CHECK_THAT(train::make_train_batch(bad_mask, 8, pad).error().message(), Catch::Contains("mask of 1 for 2"));
+  // PPO's old values sit where the logprobs do; all sequences have them or none.
+  std::vector<train::TrainSequence> valued = {{{256, 49, 61}, {50, 257}, {-0.5f, -0.25f}, 1.5, {}, {0.25f, 0.5f}},
+                                              {{256, 61}, {51, 52, 257}, {-1.f, -2.f, -3.f}, -0.5, {}, {1, 2, 3}}};
+  auto vb = train::make_train_batch(valued, 8, pad).value();
+  CHECK(vb.old_values == std::vector<float>{0, 0, 0.25f, 0.5f, 0, 1, 2, 3});
+  CHECK(b.old_values.empty());
+  valued[1].completion_values.clear();
+  CHECK_THAT(train::make_train_batch(valued, 8, pad).error().message(), Catch::Contains("old values"));
+  valued[1].completion_values = {1, 2};
+  CHECK_THAT(train::make_train_batch(valued, 8, pad).error().message(), Catch::Contains("2 values for 3"));
   CHECK(!train::make_train_batch(std::vector<train::TrainSequence>{}, 8, pad));
 }

@@ -165,6 +165,9 @@ TEST_CASE("rl config: unknown keys, wrong types and values out of range are refu
   CHECK_THAT(refusal("[run]\nmode = \"async\"\n"), Catch::Contains("disaggregated"));
   CHECK_THAT(refusal("[trainer]\nranks = 2\n"), Catch::Contains("'rollout.engines'"));
   CHECK_THAT(refusal("[model]\ninit = \"checkpoint\"\n"), Catch::Contains("'model.checkpoint'"));
+  CHECK_THAT(refusal("[algorithm]\nepochs = 0\n"), Catch::Contains("'algorithm.epochs'"));
+  CHECK_THAT(refusal("[algorithm]\nprompts_per_step = 2\ngroup_size = 4\nmini_batches = 9\n"),
+             Catch::Contains("'algorithm.mini_batches' (9)"));
   CHECK_THAT(refusal("[model]\nheads = 3\n"), Catch::Contains("[model]"));
   auto missing = config::load_rl_config("/nonexistent/job.toml");
   REQUIRE_FALSE(missing);
@@ -270,10 +273,11 @@ TEST_CASE("rl job: in async mode no sample trained on is older than max_stalenes
 }
 
 TEST_CASE("rl job: a run resumed from a checkpoint takes the same next steps as an uninterrupted one, with and "
-          "without a KL penalty",
+          "without a KL penalty, and with several updates a step",
           "[rl][job]") {
   // With kl_coef the checkpoint carries the reference policy too.
-  const std::string algorithm = GENERATE(as<std::string>{}, "", "kl_coef = 0.2\n");
+  // With several updates a step, the checkpoint's optimizer step counts them.
+  const std::string algorithm = GENERATE(as<std::string>{}, "", "kl_coef = 0.2\n", "epochs = 2\nmini_batches = 2\n");
   INFO("algorithm " << algorithm);
   TempDir whole, part;
   auto s = session();
@@ -284,7 +288,9 @@ TEST_CASE("rl job: a run resumed from a checkpoint takes the same next steps as 
   auto first = quiet;
   first.run_dir = part.path.string();
   REQUIRE(controller::run_rl_job(s->runtime(), s->cluster(), small_job("", 3, algorithm), first));
-  if (!algorithm.empty()) CHECK(fs::exists(part.path / "checkpoints" / "step-000003" / "reference.safetensors"));
+  if (algorithm.find("kl_coef") != std::string::npos) {
+    CHECK(fs::exists(part.path / "checkpoints" / "step-000003" / "reference.safetensors"));
+  }
   auto again = first;
   again.resume = true;
   auto resumed =
@@ -297,6 +303,42 @@ TEST_CASE("rl job: a run resumed from a checkpoint takes the same next steps as 
   REQUIRE(b.size() == 6);  // 3 before the resume, 3 after
   CHECK(events(part.path / "metrics.jsonl", "resume").size() == 1);
   check_same_steps(a, b, 3, 6);
+}
+
+TEST_CASE("rl job: several updates a step (epochs x mini-batches) take that many optimizer steps, and the later "
+          "ones are clipped against the sampling policy",
+          "[rl][job]") {
+  // PPO scores its old values before the updates; GRPO needs none.
+  const std::string algorithm = GENERATE(as<std::string>{}, "name = \"grpo\"\n", "name = \"ppo\"\n");
+  INFO(algorithm);
+  TempDir dir;
+  auto s = session();
+  const std::string text =
+      small_job("", 4, "epochs = 2\nmini_batches = 2\n" + algorithm + "[trainer]\nranks = 2\n"
+                       "[rollout]\nengines = 2\n");
+  auto r = controller::run_rl_job(s->runtime(), s->cluster(), text, quiet_options(dir.path));
+  REQUIRE(r.has_value());
+  auto steps = events(dir.path / "metrics.jsonl", "step");
+  REQUIRE(steps.size() == 4);
+  double clipped = 0;
+  size_t trained = 0;
+  for (const auto& st : steps) {
+    INFO(st.dump());
+    // A step whose groups all scored alike has nothing to train on.
+    if (!st.contains("loss")) {
+      CHECK(st["updates"] == 0);
+      continue;
+    }
+    ++trained;
+    CHECK(st["updates"] == 4);
+    clipped += st["clip_fraction"].get<double>();
+  }
+  CHECK(trained >= 2);
+  // The first update's ratio is 1 (fresh samples); the later ones' are not.
+  CHECK(clipped > 0);
+  if (algorithm.find("ppo") != std::string::npos) {
+    for (const auto& st : steps) CHECK(st.contains("value_loss"));
+  }
 }
 
 TEST_CASE("rl job: ZeRO-1 on 2 ranks keeps the replicas equal, checkpoints every rank's optimizer segment, and "
