@@ -67,6 +67,7 @@ constexpr size_t kGuardBytes = 4096;
 
 /// Where the sandbox's setup failed.
 enum class Stage : int32_t {
+  kUserMaps,
   kFds,
   kMountPrivate,
   kMountReadOnly,
@@ -114,6 +115,14 @@ struct ChildPlan {
   const char* tmpfs_options;
   int stdin_fd, out_fd, err_fd, report_fd, parent_pidfd;
   uint32_t uid;
+  /// A caller that is not root: the sandbox is in a user namespace of its
+  /// own, where `uid` (and the same gid) is the caller's, mapped by these
+  /// lines ("uid outside 1\n"); its /dev binds the host's device nodes
+  /// (no mknod there) and it keeps the caller's supplementary groups (no
+  /// setgroups there).
+  bool user_namespace;
+  const char* uid_map;
+  const char* gid_map;
   struct Limit {
     __rlimit_resource_t resource;
     rlimit value;
@@ -165,8 +174,20 @@ void write_files(const ChildPlan& plan, int report_fd) {
   close(dir);
 }
 
+/// Writes `text` to the file at `path` (a /proc/self map), false on failure.
+bool write_text(const char* path, const char* text) {
+  int fd = open(path, O_WRONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  const size_t n = strlen(text);
+  const bool ok = write(fd, text, n) == static_cast<ssize_t>(n);
+  close(fd);
+  return ok;
+}
+
 /// The sandbox's one process until the program forks: PID 1 of a fresh
-/// PID namespace, root in fresh mount, network, IPC and UTS namespaces. It
+/// PID namespace, root in fresh mount, network, IPC and UTS namespaces
+/// (and, for a caller that is not root, of a user namespace that owns
+/// them, with every capability there and none outside). It
 /// builds the filesystem view, drops to the sandbox's uid under its
 /// limits, and becomes the program (exec). When it ends, the kernel kills
 /// everything left in the namespace.
@@ -179,6 +200,15 @@ int sandbox_child(void* arg) {
   struct sigaction dfl {};
   dfl.sa_handler = SIG_DFL;
   for (int sig = 1; sig < NSIG; ++sig) sigaction(sig, &dfl, nullptr);  // glibc's own are refused: fine
+
+  // In a user namespace of its own, this process is the caller's uid as
+  // `plan.uid`; until the maps are written it is nobody there.
+  if (plan.user_namespace) {
+    if (!write_text("/proc/self/setgroups", "deny") || !write_text("/proc/self/uid_map", plan.uid_map) ||
+        !write_text("/proc/self/gid_map", plan.gid_map)) {
+      fail(report_fd, Stage::kUserMaps);
+    }
+  }
 
   // stdin, stdout, stderr at 0-2, the report pipe at 3 and the parent's
   // pidfd at 4 (both close-on-exec), nothing else from the parent, whose
@@ -225,11 +255,34 @@ int sandbox_child(void* arg) {
   }
   // A /dev of the harmless devices only: the host's holds sockets (/dev/log),
   // ptys and shared memory.
+  // In a user namespace no device node can be made: the host's are
+  // taken (detached copies of their mounts) before the tmpfs covers them,
+  // and bound onto empty files there.
+  constexpr size_t kDeviceCount = sizeof kDevices / sizeof kDevices[0];
+  int host_devices[kDeviceCount];
+  if (plan.user_namespace) {
+    for (size_t i = 0; i < kDeviceCount; ++i) {
+      host_devices[i] =
+          static_cast<int>(syscall(SYS_open_tree, AT_FDCWD, kDevices[i].first, OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC));
+      if (host_devices[i] < 0) fail(report_fd, Stage::kMountDev);
+    }
+  }
   if (mount("tmpfs", "/dev", "tmpfs", MS_NOSUID | MS_NOEXEC, "size=64k,nr_inodes=64,mode=0755") != 0) {
     fail(report_fd, Stage::kMountDev);
   }
-  for (const auto& [path, minor] : kDevices) {
-    if (mknod(path, S_IFCHR, makedev(1, minor)) != 0 || chmod(path, 0666) != 0) fail(report_fd, Stage::kMountDev);
+  for (size_t i = 0; i < kDeviceCount; ++i) {
+    const auto& [path, minor] = kDevices[i];
+    if (plan.user_namespace) {
+      const int placeholder = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+      if (placeholder < 0) fail(report_fd, Stage::kMountDev);
+      close(placeholder);
+      if (syscall(SYS_move_mount, host_devices[i], "", AT_FDCWD, path, MOVE_MOUNT_F_EMPTY_PATH) != 0) {
+        fail(report_fd, Stage::kMountDev);
+      }
+      close(host_devices[i]);
+    } else if (mknod(path, S_IFCHR, makedev(1, minor)) != 0 || chmod(path, 0666) != 0) {
+      fail(report_fd, Stage::kMountDev);
+    }
   }
   for (const auto& [target, path] : kDevLinks) {
     if (symlink(target, path) != 0) fail(report_fd, Stage::kMountDev);
@@ -258,7 +311,7 @@ int sandbox_child(void* arg) {
   for (const auto& limit : plan.limits) {
     if (setrlimit(limit.resource, &limit.value) != 0) fail(report_fd, Stage::kRlimits);
   }
-  if (syscall(SYS_setgroups, 0, nullptr) != 0) fail(report_fd, Stage::kDropGroups);
+  if (!plan.user_namespace && syscall(SYS_setgroups, 0, nullptr) != 0) fail(report_fd, Stage::kDropGroups);
   if (syscall(SYS_setresgid, plan.uid, plan.uid, plan.uid) != 0) fail(report_fd, Stage::kSetGid);
   if (syscall(SYS_setresuid, plan.uid, plan.uid, plan.uid) != 0) fail(report_fd, Stage::kSetUid);
   if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) fail(report_fd, Stage::kNoNewPrivs);
@@ -287,14 +340,21 @@ Clock::duration seconds(double s) { return std::chrono::duration_cast<Clock::dur
 std::string errno_text(int err) { return std::strerror(err); }
 
 /// Why a stage fails, and what to do about it.
-std::string stage_error(Stage stage, int err, const SandboxRun& run, uint32_t uid) {
+std::string stage_error(Stage stage, int err, const SandboxRun& run, uint32_t uid, bool user_namespace) {
   const std::string why = errno_text(err);
-  const std::string root = "; the sandbox needs root with CAP_SYS_ADMIN (in a container: --privileged)";
+  const std::string root = user_namespace
+                               ? "; this kernel refuses it in a user namespace: run as root, or on Linux 5.12+"
+                               : "; the sandbox needs root with CAP_SYS_ADMIN (in a container: --privileged)";
   const std::string unmapped = err == EINVAL ? "; uid " + std::to_string(uid) +
                                                    " is not mapped: this process runs in a user namespace; run it as "
                                                    "the host's root"
                                              : "";
   switch (stage) {
+    case Stage::kUserMaps:
+      return "sandbox: mapping this user into the sandbox's user namespace failed: " + why +
+             (err == EACCES || err == EPERM
+                  ? "; a process that changed its uid is not dumpable: prctl(PR_SET_DUMPABLE, 1) first, or run as root"
+                  : "");
     case Stage::kFds:
       return "sandbox: arranging the program's descriptors failed: " + why + "; close_range needs Linux 5.9+";
     case Stage::kMountPrivate:
@@ -444,11 +504,10 @@ std::vector<std::string> python_argv(std::string_view script) {
 Result<SandboxResult> run_sandboxed(const SandboxRun& run, const SandboxLimits& limits) {
   if (Status s = limits.validate(); !s.ok()) return error(s);
   if (Status s = check_run(run, limits); !s.ok()) return error(s);
-  if (geteuid() != 0) {
-    return error(ErrorCode::unsupported,
-                 "sandbox: needs root (it creates PID, network and mount namespaces and runs the program as a uid "
-                 "of its own); run this process as root");
-  }
+  // Root makes the namespaces itself and runs the program as a uid of its
+  // own; any other caller makes them in a user namespace of its own (as
+  // bubblewrap and rootless Podman do), where its uid is the program's.
+  const bool user_namespace = geteuid() != 0;
   auto os_error = [](const char* what) {
     return error(ErrorCode::unsupported, std::string("sandbox: ") + what + ": " + errno_text(errno));
   };
@@ -488,7 +547,16 @@ Result<SandboxResult> run_sandboxed(const SandboxRun& run, const SandboxLimits& 
   const std::string tmpfs_options = "size=" + std::to_string(limits.dir_bytes) + ",nr_inodes=" +
                                     std::to_string(std::max<uint64_t>(64, limits.dir_bytes / 4096)) + ",mode=0755";
   const uint32_t uid = pick_uid();
-  auto fixed = [](uint64_t v) { return rlimit{v, v}; };
+  const std::string uid_map = std::to_string(uid) + " " + std::to_string(geteuid()) + " 1\n";
+  const std::string gid_map = std::to_string(uid) + " " + std::to_string(getegid()) + " 1\n";
+  // Root may raise a hard limit; another caller gets at most its own.
+  auto fixed = [user_namespace](__rlimit_resource_t resource, uint64_t v) {
+    rlimit now{};
+    if (user_namespace && getrlimit(resource, &now) == 0 && now.rlim_max != RLIM_INFINITY) {
+      v = std::min<uint64_t>(v, now.rlim_max);
+    }
+    return ChildPlan::Limit{resource, rlimit{v, v}};
+  };
   const ChildPlan plan{
       .argv = argv.data(),
       .envp = envp,
@@ -501,14 +569,19 @@ Result<SandboxResult> run_sandboxed(const SandboxRun& run, const SandboxLimits& 
       .report_fd = report_write.get(),
       .parent_pidfd = parent_pidfd.get(),
       .uid = uid,
+      .user_namespace = user_namespace,
+      .uid_map = uid_map.c_str(),
+      .gid_map = gid_map.c_str(),
       // CPU: soft = hard, so SIGKILL at the limit (the program is PID 1 of
-      // its namespace, which ignores the soft limit's SIGXCPU).
-      .limits = {{RLIMIT_CPU, fixed(limits.cpu_s)},
-                 {RLIMIT_AS, fixed(limits.memory_bytes)},
-                 {RLIMIT_FSIZE, fixed(limits.file_bytes)},
-                 {RLIMIT_NOFILE, fixed(limits.open_files)},
-                 {RLIMIT_NPROC, fixed(limits.max_processes)},
-                 {RLIMIT_CORE, fixed(0)}},
+      // its namespace, which ignores the soft limit's SIGXCPU). NPROC counts
+      // the processes of the program's uid: in a user namespace, those of
+      // that namespace (Linux 5.14+ counts per user namespace).
+      .limits = {fixed(RLIMIT_CPU, limits.cpu_s),
+                 fixed(RLIMIT_AS, limits.memory_bytes),
+                 fixed(RLIMIT_FSIZE, limits.file_bytes),
+                 fixed(RLIMIT_NOFILE, limits.open_files),
+                 fixed(RLIMIT_NPROC, limits.max_processes),
+                 fixed(RLIMIT_CORE, 0)},
   };
   void* stack = mmap(nullptr, kChildStackBytes + kGuardBytes, PROT_READ | PROT_WRITE,
                      MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0);
@@ -528,17 +601,23 @@ Result<SandboxResult> run_sandboxed(const SandboxRun& run, const SandboxLimits& 
   int pidfd_raw = -1;
   const int pid = clone(sandbox_child, static_cast<char*>(stack) + kChildStackBytes + kGuardBytes,
                         CLONE_VM | CLONE_VFORK | CLONE_PIDFD | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWNS |
-                            CLONE_NEWIPC | CLONE_NEWUTS | SIGCHLD,
+                            CLONE_NEWIPC | CLONE_NEWUTS | (user_namespace ? CLONE_NEWUSER : 0) | SIGCHLD,
                         const_cast<ChildPlan*>(&plan), &pidfd_raw);
   const int clone_errno = errno;
   pthread_sigmask(SIG_SETMASK, &old, nullptr);
   munmap(stack, kChildStackBytes + kGuardBytes);
   if (pid < 0) {
+    std::string what = "; the sandbox needs Linux 5.12+";
+    if (user_namespace && (clone_errno == EPERM || clone_errno == ENOSPC || clone_errno == EUSERS)) {
+      what = "; this machine does not let users make user namespaces (sysctl user.max_user_namespaces, "
+             "kernel.unprivileged_userns_clone, kernel.apparmor_restrict_unprivileged_userns): allow them, or run as "
+             "root";
+    } else if (clone_errno == EPERM) {
+      what = "; the sandbox needs root with CAP_SYS_ADMIN (in a container: --privileged)";
+    }
     return error(ErrorCode::unsupported,
-                 "sandbox: creating the sandbox's namespaces (pid, net, mount, ipc, uts) failed: " +
-                     errno_text(clone_errno) +
-                     (clone_errno == EPERM ? "; the sandbox needs root with CAP_SYS_ADMIN (in a container: --privileged)"
-                                           : "; the sandbox needs Linux 5.12+"));
+                 std::string("sandbox: creating the sandbox's namespaces (") + (user_namespace ? "user, " : "") +
+                     "pid, net, mount, ipc, uts) failed: " + errno_text(clone_errno) + what);
   }
   Fd pidfd(pidfd_raw);
   out_write.reset();
@@ -559,11 +638,12 @@ Result<SandboxResult> run_sandboxed(const SandboxRun& run, const SandboxLimits& 
   if (read(report_read.get(), &report, sizeof report) == sizeof report) {
     siginfo_t info{};
     reap(info);
-    return error(ErrorCode::unsupported, stage_error(report.stage, report.error, run, uid));
+    return error(ErrorCode::unsupported, stage_error(report.stage, report.error, run, uid, user_namespace));
   }
 
   SandboxResult result;
   result.uid = uid;
+  result.user_namespace = user_namespace;
   bool out_open = true, err_open = true, exited = false, killed = false;
   const Clock::time_point deadline = start + seconds(limits.timeout_s);
   Clock::time_point kill_deadline{};

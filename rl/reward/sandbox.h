@@ -3,7 +3,9 @@
 // UTS), as a uid of its own, under rlimits and a wall-clock timeout. What
 // the program sees: the host's files read-only, a fresh writable directory
 // (a tmpfs that dies with the run) as its working directory, no network,
-// no other process. Needs root (see run_sandboxed).
+// no other process. Run by root, the program gets a uid of its own; run by
+// another user, the sandbox is in a user namespace of its own (see
+// run_sandboxed).
 #pragma once
 
 #include <cstdint>
@@ -81,8 +83,14 @@ struct SandboxResult {
   bool out_truncated = false, err_truncated = false;
   /// From the start of the sandbox until everything in it was gone.
   double wall_seconds = 0;
-  /// The uid the program ran as (no passwd entry; no other process has it).
+  /// The uid the program ran as (no passwd entry; no other process has
+  /// it). In a user namespace (below) that is its uid there; the host sees
+  /// the caller's.
   uint32_t uid = 0;
+  /// True when the caller was not root: the sandbox had a user namespace
+  /// of its own (the program is the caller's uid on the host, and keeps its
+  /// supplementary groups).
+  bool user_namespace = false;
 
   /// True when the program exited with code 0 within its limits.
   bool succeeded() const { return exit_code == 0 && term_signal == 0 && !timed_out; }
@@ -93,8 +101,11 @@ struct SandboxResult {
 /// at most, unless the kernel cannot kill a process). A program that fails
 /// (crashes, times out, exceeds a limit) is a result; an error means the
 /// sandbox could not be made (bad limits or run: invalid_argument; an
-/// executable that does not exist: not_found; no root, namespaces or mounts
-/// refused: unsupported), with what to do. Safe to call from many threads
+/// executable that does not exist: not_found; namespaces or mounts
+/// refused: unsupported), with what to do. A caller that is not root needs
+/// user namespaces (Debian allows them) and Linux 5.14+ for max_processes
+/// to count the sandbox's processes alone; its limits are capped at its
+/// own hard limits. Safe to call from many threads
 /// at once; the caller's signal handlers and mask are not touched and its
 /// memory is not copied (the sandbox starts like posix_spawn). Like any
 /// child, the program sends SIGCHLD when it ends; a waitpid(-1) elsewhere

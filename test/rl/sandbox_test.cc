@@ -4,12 +4,17 @@
 // memory bombs, endless loops, floods) ends within its limits with nothing
 // left behind. The code task's problems are reproducible, its reference
 // answers score 1, the weak teacher's dropped parentheses and garbage do
-// not, and parallel scoring equals serial. These tests need root (CI runs
-// as root): without it they fail with the sandbox's reason.
+// not, and parallel scoring equals serial. The sandbox is made by root
+// here (CI runs as root) and, for the path every other user takes (a user
+// namespace of its own), by a child of the test dropped to nobody.
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <fcntl.h>
+#include <grp.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -24,6 +29,7 @@
 #include <vector>
 
 #include <catch2/catch.hpp>
+#include <nlohmann/json.hpp>
 
 #include "reward/sandbox.h"
 #include "tasks/code.h"
@@ -73,16 +79,6 @@ std::vector<int> processes_of_uid(uint32_t uid) {
   return pids;
 }
 
-/// Host processes in the mount namespace `ns` ("mnt:[4026532...]").
-int processes_in_mount_namespace(const std::string& ns) {
-  int count = 0;
-  for (const auto& entry : fs::directory_iterator("/proc")) {
-    std::error_code ec;
-    if (fs::read_symlink(entry.path() / "ns" / "mnt", ec) == ns && !ec) ++count;
-  }
-  return count;
-}
-
 std::string unique_host_path(const std::string& tag) {
   static std::atomic<int> n{0};
   return (fs::temp_directory_path() / ("troupe-sandbox-" + tag + "-" + std::to_string(getpid()) + "-" +
@@ -92,6 +88,108 @@ std::string unique_host_path(const std::string& tag) {
 
 std::atomic<int> sigchld_count{0};
 void count_sigchld(int) { sigchld_count.fetch_add(1); }
+
+/// Host processes in the namespace `ns` of kind `kind` ("pid", "mnt").
+int processes_in_namespace(const std::string& kind, const std::string& ns) {
+  int count = 0;
+  for (const auto& entry : fs::directory_iterator("/proc")) {
+    std::error_code ec;
+    if (fs::read_symlink(entry.path() / "ns" / kind, ec) == ns && !ec) ++count;
+  }
+  return count;
+}
+
+constexpr uint32_t kNobody = 65534;
+
+/// Forks children that would live forever until fork fails, then prints
+/// how many it made.
+constexpr const char* kBoundedForks =
+    "import os, time\nn = 0\n"
+    "while True:\n"
+    "    try:\n"
+    "        if os.fork() == 0:\n"
+    "            time.sleep(1000)\n"
+    "            os._exit(0)\n"
+    "        n += 1\n"
+    "    except OSError:\n"
+    "        break\n"
+    "print(n)\n";
+
+/// run_sandboxed as a user who is not root: a child of this process drops
+/// to nobody, runs the sandbox, and sends the result back as JSON.
+troupe::Result<SandboxResult> run_as_nobody(const SandboxRun& run, const SandboxLimits& limits) {
+  int fds[2];
+  REQUIRE(pipe2(fds, O_CLOEXEC) == 0);
+  const pid_t pid = fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    close(fds[0]);
+    nlohmann::json j;
+    if (setgroups(0, nullptr) != 0 || setresgid(kNobody, kNobody, kNobody) != 0 ||
+        setresuid(kNobody, kNobody, kNobody) != 0) {
+      j = {{"code", static_cast<int>(troupe::ErrorCode::handler_failed)},
+           {"error", std::string("dropping to nobody: ") + std::strerror(errno)}};
+    } else {
+      // A user's own process is dumpable; one that changed its uid is not
+      // until it says so.
+      prctl(PR_SET_DUMPABLE, 1, 0, 0, 0);
+      auto r = reward::run_sandboxed(run, limits);
+      if (!r) {
+        j = {{"code", static_cast<int>(r.error().code())}, {"error", r.error().message()}};
+      } else {
+        j = {{"exit_code", r->exit_code},         {"term_signal", r->term_signal}, {"timed_out", r->timed_out},
+             {"out", r->out},                     {"err", r->err},                 {"out_truncated", r->out_truncated},
+             {"err_truncated", r->err_truncated}, {"wall_seconds", r->wall_seconds}, {"uid", r->uid},
+             {"user_namespace", r->user_namespace}, {"euid", geteuid()}};
+      }
+    }
+    const std::string text = j.dump();
+    for (size_t done = 0; done < text.size();) {
+      const ssize_t n = write(fds[1], text.data() + done, text.size() - done);
+      if (n <= 0) _exit(1);
+      done += static_cast<size_t>(n);
+    }
+    _exit(0);
+  }
+  close(fds[1]);
+  std::string text;
+  char buf[65536];
+  for (ssize_t n; (n = read(fds[0], buf, sizeof buf)) != 0;) {
+    if (n < 0 && errno == EINTR) continue;
+    REQUIRE(n > 0);
+    text.append(buf, static_cast<size_t>(n));
+  }
+  close(fds[0]);
+  int status = 0;
+  REQUIRE(waitpid(pid, &status, 0) == pid);
+  REQUIRE(WIFEXITED(status));
+  const auto j = nlohmann::json::parse(text);
+  if (j.contains("error")) {
+    return troupe::error(static_cast<troupe::ErrorCode>(j["code"].get<int>()), j["error"].get<std::string>());
+  }
+  CHECK(j["euid"] == kNobody);
+  SandboxResult r;
+  r.exit_code = j["exit_code"];
+  r.term_signal = j["term_signal"];
+  r.timed_out = j["timed_out"];
+  r.out = j["out"];
+  r.err = j["err"];
+  r.out_truncated = j["out_truncated"];
+  r.err_truncated = j["err_truncated"];
+  r.wall_seconds = j["wall_seconds"];
+  r.uid = j["uid"];
+  r.user_namespace = j["user_namespace"];
+  return r;
+}
+
+/// `script` run as main.py under python in a sandbox made by nobody.
+SandboxResult run_python_as_nobody(const std::string& script, const SandboxLimits& limits = {}) {
+  SandboxRun run{.argv = reward::python_argv("main.py"), .files = {{"main.py", script}}, .stdin_data = "from stdin"};
+  auto r = run_as_nobody(run, limits);
+  INFO((r ? std::string() : r.error().to_string()));
+  REQUIRE(r);
+  return *r;
+}
 
 }  // namespace
 
@@ -211,7 +309,7 @@ TEST_CASE("sandbox: the working directory is fresh for each run and gone afterwa
   CHECK(ns.rfind("mnt:[", 0) == 0);
   // No process is left in the sandbox's mount namespace, so it and its
   // tmpfs are gone; the host never had the file.
-  CHECK(processes_in_mount_namespace(ns) == 0);
+  CHECK(processes_in_namespace("mnt", ns) == 0);
   CHECK_FALSE(fs::exists("/tmp/work/left-behind.txt"));
   auto second = run_python("import os\nprint(sorted(os.listdir('.')))\n");
   CHECK(second.out == "['main.py']\n");
@@ -225,16 +323,7 @@ TEST_CASE("sandbox: a fork bomb is contained and leaves no process behind", "[rl
   // Children that would live forever: the program gets max_processes - 1
   // of them, and they die with it.
   auto bounded = run_python(
-      "import os, time\nn = 0\n"
-      "while True:\n"
-      "    try:\n"
-      "        if os.fork() == 0:\n"
-      "            time.sleep(1000)\n"
-      "            os._exit(0)\n"
-      "        n += 1\n"
-      "    except OSError:\n"
-      "        break\n"
-      "print(n)\n",
+      kBoundedForks,
       limits);
   INFO(bounded.out << bounded.err);
   CHECK(bounded.out == "3\n");
@@ -469,4 +558,84 @@ TEST_CASE("code task: scoring many completions in parallel equals scoring them o
   }
   CHECK_FALSE(tasks::code_rewards(batch, std::span(completions).first(2), tasks::code_limits(), 4));
   CHECK_FALSE(tasks::code_rewards(batch, completions, tasks::code_limits(), 0));
+}
+
+TEST_CASE("sandbox made by a user who is not root: a user namespace of its own, no capabilities, no network, "
+          "and the user's own files read-only",
+          "[rl][sandbox]") {
+  require_sandbox();
+  // A directory the user may write on the host: the sandbox may not.
+  const std::string owned = "/opt/troupe-sandbox-owned-" + std::to_string(getpid());
+  fs::create_directories(owned);
+  REQUIRE(chown(owned.c_str(), kNobody, kNobody) == 0);
+  const std::string script =
+      "import os, socket, sys\n"
+      "print(os.getcwd(), open('main.py').read()[:6], sys.stdin.read(), sep='|')\n"
+      "print([l.split()[1] for l in open('/proc/self/status') if l.startswith(('CapEff', 'CapPrm'))])\n"
+      "print([name for _, name in socket.if_nameindex()])\n"
+      "try:\n"
+      "    socket.create_connection(('127.0.0.1', 9), timeout=2)\n"
+      "    print('connected')\n"
+      "except OSError as e:\n"
+      "    print('net', e.errno)\n"
+      "for path in ['" + owned + "/x', '/etc/x', '/tmp/x', '/var/tmp/x']:\n"
+      "    try:\n"
+      "        open(path, 'w').write('x')\n"
+      "        print('wrote', path)\n"
+      "    except OSError as e:\n"
+      "        print('refused', e.errno)\n"
+      "open('inside.txt', 'w').write('ok')\n"
+      "open('/dev/null', 'w').write('gone')\n"
+      "print(open('inside.txt').read(), len(open('/dev/urandom', 'rb').read(4)), os.getuid())\n"
+      "print(os.readlink('/proc/self/ns/pid'))\n";
+  auto r = run_python_as_nobody(script);
+  INFO(r.out << r.err);
+  REQUIRE(r.succeeded());
+  CHECK(r.user_namespace);
+  CHECK(r.out.rfind("/tmp/work|import|from stdin\n", 0) == 0);
+  CHECK(r.out.find("['0000000000000000', '0000000000000000']") != std::string::npos);
+  CHECK(r.out.find("['lo']") != std::string::npos);
+  CHECK(r.out.find("net " + std::to_string(ENETUNREACH)) != std::string::npos);
+  CHECK(r.out.find("wrote") == std::string::npos);
+  CHECK(r.out.find("connected") == std::string::npos);
+  CHECK(r.out.find("ok 4 " + std::to_string(r.uid) + "\n") != std::string::npos);
+  CHECK(r.uid >= 2'000'000'000u);
+  CHECK(fs::is_empty(owned));
+  fs::remove_all(owned);
+  // Nothing of it is left.
+  const size_t at = r.out.find("pid:[");
+  REQUIRE(at != std::string::npos);
+  CHECK(processes_in_namespace("pid", r.out.substr(at, r.out.find('\n', at) - at)) == 0);
+}
+
+TEST_CASE("sandbox made by a user who is not root: fork and memory bombs and endless programs end within the "
+          "limits",
+          "[rl][sandbox]") {
+  require_sandbox();
+  SandboxLimits limits;
+  limits.max_processes = 4;
+  limits.timeout_s = 5;
+  // The program gets max_processes - 1 children: the count is the sandbox's
+  // user namespace's, not every process of the user's.
+  auto bounded = run_python_as_nobody(
+      kBoundedForks,
+      limits);
+  INFO(bounded.out << bounded.err);
+  CHECK(bounded.out == "3\n");
+  CHECK(bounded.succeeded());
+  limits.timeout_s = 1;
+  auto bomb = run_python_as_nobody("import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n",
+                                   limits);
+  CHECK(bomb.timed_out);
+  CHECK(bomb.term_signal == SIGKILL);
+  CHECK(bomb.wall_seconds < 2.0);
+  limits.timeout_s = 5;
+  limits.memory_bytes = 64ull << 20;
+  auto big = run_python_as_nobody("x = bytearray(1 << 30)\n", limits);
+  CHECK(big.exit_code == 1);
+  CHECK(big.err.find("MemoryError") != std::string::npos);
+  limits.timeout_s = 1;
+  auto endless = run_python_as_nobody("while True:\n    pass\n", limits);
+  CHECK(endless.timed_out);
+  CHECK(endless.term_signal == SIGKILL);
 }
