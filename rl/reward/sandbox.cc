@@ -1,5 +1,6 @@
 #include "reward/sandbox.h"
 
+#include <linux/seccomp.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <sched.h>
@@ -22,6 +23,8 @@
 #include <cstring>
 #include <mutex>
 #include <utility>
+
+#include "reward/seccomp_filter.h"
 
 #ifndef P_PIDFD
 #define P_PIDFD 3  // waitid on a pidfd (Linux 5.4+), missing from glibc 2.36's headers
@@ -87,6 +90,7 @@ enum class Stage : int32_t {
   kNoNewPrivs,
   kParentDeath,
   kChdir,
+  kSeccomp,
   kExec,
 };
 
@@ -123,6 +127,8 @@ struct ChildPlan {
   bool user_namespace;
   const char* uid_map;
   const char* gid_map;
+  /// The system-call filter (seccomp_filter.h), or null.
+  const sock_fprog* seccomp;
   struct Limit {
     __rlimit_resource_t resource;
     rlimit value;
@@ -327,6 +333,12 @@ int sandbox_child(void* arg) {
   sigset_t none;
   sigemptyset(&none);
   sigprocmask(SIG_SETMASK, &none, nullptr);
+  // Last: the filter is this process's alone (the caller, whose memory it
+  // shares, is another task), and nothing after it but exec needs a call
+  // it refuses.
+  if (plan.seccomp != nullptr && syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, 0, plan.seccomp) != 0) {
+    fail(report_fd, Stage::kSeccomp);
+  }
   execve(plan.argv[0], plan.argv, plan.envp);
   fail(report_fd, Stage::kExec);
 }
@@ -393,6 +405,9 @@ std::string stage_error(Stage stage, int err, const SandboxRun& run, uint32_t ui
       return "sandbox: tying the sandbox to this process's life failed (PR_SET_PDEATHSIG, or this process is exiting)";
     case Stage::kChdir:
       return "sandbox: entering the working directory failed: " + why;
+    case Stage::kSeccomp:
+      return "sandbox: installing the system-call filter failed: " + why +
+             "; the kernel needs seccomp filters (CONFIG_SECCOMP_FILTER)";
     case Stage::kExec:
       return "sandbox: cannot run " + run.argv[0] + ": " + why +
              (err == EACCES ? "; the program runs as an unprivileged uid: make it executable by others"
@@ -572,6 +587,7 @@ Result<SandboxResult> run_sandboxed(const SandboxRun& run, const SandboxLimits& 
       .user_namespace = user_namespace,
       .uid_map = uid_map.c_str(),
       .gid_map = gid_map.c_str(),
+      .seccomp = sandbox_seccomp_filter(),
       // CPU: soft = hard, so SIGKILL at the limit (the program is PID 1 of
       // its namespace, which ignores the soft limit's SIGXCPU). NPROC counts
       // the processes of the program's uid: in a user namespace, those of

@@ -3,7 +3,8 @@
 // UTS), as a uid of its own, under rlimits and a wall-clock timeout. What
 // the program sees: the host's files read-only, a fresh writable directory
 // (a tmpfs that dies with the run) as its working directory, no network,
-// no other process. Run by root, the program gets a uid of its own; run by
+// no other process, no unix socket, no new namespace (a seccomp filter:
+// seccomp_filter.h). Run by root, the program gets a uid of its own; run by
 // another user, the sandbox is in a user namespace of its own (see
 // run_sandboxed).
 #pragma once

@@ -14,6 +14,8 @@
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -638,4 +640,61 @@ TEST_CASE("sandbox made by a user who is not root: fork and memory bombs and end
   auto endless = run_python_as_nobody("while True:\n    pass\n", limits);
   CHECK(endless.timed_out);
   CHECK(endless.term_signal == SIGKILL);
+}
+
+TEST_CASE("sandbox: the system-call filter refuses unix sockets on the host's paths and new namespaces, root or not",
+          "[rl][sandbox]") {
+  require_sandbox();
+  // A service's socket where the sandbox can see it (outside the hidden
+  // directories), open to everyone: without the filter, one connect away.
+  const std::string dir = "/opt/troupe-sandbox-sock-" + std::to_string(getpid());
+  fs::create_directories(dir);
+  const std::string path = dir + "/service.sock";
+  const int listener = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  REQUIRE(listener >= 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::snprintf(addr.sun_path, sizeof addr.sun_path, "%s", path.c_str());
+  REQUIRE(bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
+  REQUIRE(chmod(path.c_str(), 0777) == 0);
+  REQUIRE(listen(listener, 4) == 0);
+  const std::string script =
+      "import socket\n"
+      "print([l.split()[1] for l in open('/proc/self/status') if l.startswith('Seccomp:')])\n"
+      "try:\n"
+      "    s = socket.socket(socket.AF_UNIX)\n"
+      "    s.connect('" + path + "')\n"
+      "    print('connected')\n"
+      "except OSError as e:\n"
+      "    print('unix', e.errno)\n"
+      "a, b = socket.socketpair()\n"
+      "a.send(b'pair')\n"
+      "print(b.recv(4).decode())\n";
+  for (bool as_root : {true, false}) {
+    INFO((as_root ? "made by root" : "made by nobody"));
+    SandboxRun run{.argv = reward::python_argv("main.py"), .files = {{"main.py", script}}, .stdin_data = {}};
+    auto r = as_root ? reward::run_sandboxed(run, {}) : run_as_nobody(run, {});
+    REQUIRE(r);
+    INFO(r->out << r->err);
+    CHECK(r->succeeded());
+    CHECK(r->out == "['2']\nunix " + std::to_string(EACCES) + "\npair\n");
+    // A user namespace, which would give the program every capability over
+    // fresh namespaces of its own, is refused.
+    auto nested = as_root ? reward::run_sandboxed({.argv = {"/usr/bin/unshare", "-U", "-r", "/bin/true"},
+                                                    .files = {},
+                                                    .stdin_data = {}},
+                                                   {})
+                          : run_as_nobody({.argv = {"/usr/bin/unshare", "-U", "-r", "/bin/true"},
+                                           .files = {},
+                                           .stdin_data = {}},
+                                          {});
+    REQUIRE(nested);
+    INFO(nested->err);
+    CHECK(nested->exit_code != 0);
+    CHECK_THAT(nested->err, Catch::Contains("Operation not permitted"));
+  }
+  CHECK(accept(listener, nullptr, nullptr) < 0);
+  CHECK(errno == EAGAIN);
+  close(listener);
+  fs::remove_all(dir);
 }
