@@ -117,7 +117,9 @@ Result<ClusterClient> ClusterClient::connect(Runtime& rt, const std::string& hea
   // serves here rather than run as a second driver.
   serve_if_worker();
   std::string address = head_address;
-  if (address.find("://") == std::string::npos) address = "tcp://" + address;
+  // A bare HOST:PORT speaks this runtime's transport (a ucx driver joins a
+  // ucx cluster without spelling the scheme).
+  if (address.find("://") == std::string::npos) address = rt.config().transport + "://" + address;
   auto head = resolve_head(rt, address, timeout);
   if (!head) return error(head.error());
   auto state = std::make_shared<State>();

@@ -28,8 +28,9 @@ std::string scheme_of(const std::string& address) {
   return p == std::string::npos ? "tcp" : address.substr(0, p);
 }
 
-std::string with_scheme(const std::string& address) {
-  return address.find("://") == std::string::npos ? "tcp://" + address : address;
+// `address` with `scheme` when it names none (a bare HOST:PORT).
+std::string with_scheme(const std::string& address, const std::string& scheme = "tcp") {
+  return address.find("://") == std::string::npos ? scheme + "://" + address : address;
 }
 
 }  // namespace
@@ -76,7 +77,10 @@ Status run_agent(const AgentOptions& options, const ReadyFn& ready, const WaitFn
   if (options.head.empty()) return Status(ErrorCode::invalid_argument, "agent: no head address (--address)");
   RuntimeConfig cfg;
   cfg.listen = with_scheme(options.listen);
-  cfg.transport = scheme_of(with_scheme(options.head));
+  // A bare head address speaks the agent's own transport (`troupe start
+  // --transport ucx --address HOST:PORT`).
+  const std::string head = with_scheme(options.head, scheme_of(cfg.listen));
+  cfg.transport = scheme_of(head);
   Runtime rt(cfg);
   if (rt.address().empty()) return Status(ErrorCode::invalid_argument, "agent: cannot listen on " + cfg.listen);
   RegisterNode reg;
@@ -92,7 +96,7 @@ Status run_agent(const AgentOptions& options, const ReadyFn& ready, const WaitFn
   reg.resources = options.resources;
   reg.labels = options.labels;
   reg.agent = agent;
-  const std::string head_uri = with_scheme(options.head) + "/" + kHeadName;
+  const std::string head_uri = head + "/" + kHeadName;
 
   std::mutex mu;
   std::condition_variable cv;

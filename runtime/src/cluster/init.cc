@@ -2,6 +2,10 @@
 // agent, each a runtime on threads of this process).
 #include "troupe/init.h"
 
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <condition_variable>
@@ -102,6 +106,38 @@ const ClusterClient& Session::cluster() const { return *impl_->client; }
 const std::string& Session::address() const { return impl_->address; }
 bool Session::embedded() const { return !impl_->data_dir.empty(); }
 
+namespace {
+
+// The local IPv4 address that packets to the host of `address`
+// ("[scheme://]host:port") leave from, found by connecting a UDP socket
+// (nothing is sent); 127.0.0.1 when that cannot be told.
+std::string local_address_towards(const std::string& address) {
+  std::string host = address;
+  if (auto p = host.find("://"); p != std::string::npos) host = host.substr(p + 3);
+  if (auto p = host.rfind(':'); p != std::string::npos) host = host.substr(0, p);
+  addrinfo hints{};
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_DGRAM;
+  addrinfo* found = nullptr;
+  if (getaddrinfo(host.c_str(), "9", &hints, &found) != 0 || found == nullptr) return "127.0.0.1";
+  std::string out = "127.0.0.1";
+  const int fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  if (fd >= 0 && connect(fd, found->ai_addr, found->ai_addrlen) == 0) {
+    sockaddr_in local{};
+    socklen_t len = sizeof local;
+    char text[INET_ADDRSTRLEN];
+    if (getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len) == 0 &&
+        inet_ntop(AF_INET, &local.sin_addr, text, sizeof text) != nullptr) {
+      out = text;
+    }
+  }
+  if (fd >= 0) close(fd);
+  freeaddrinfo(found);
+  return out;
+}
+
+}  // namespace
+
 Result<std::unique_ptr<Session>> init(InitOptions options) {
   serve_if_worker();
   auto impl = std::make_unique<Session::Impl>();
@@ -155,9 +191,13 @@ Result<std::unique_ptr<Session>> init(InitOptions options) {
     address = *head_address;
   }
   RuntimeConfig cfg = options.runtime;
-  if (cfg.listen.empty()) cfg.listen = cfg.transport + "://127.0.0.1:0";
   auto scheme = address.find("://");
   if (scheme != std::string::npos) cfg.transport = address.substr(0, scheme);
+  // Where the cluster's processes can reach this driver: the address this
+  // machine sends from towards the head (loopback for a head on this
+  // machine). UCX answers on connections of its own, so an actor on
+  // another host must be able to dial the driver back.
+  if (cfg.listen.empty()) cfg.listen = cfg.transport + "://" + local_address_towards(address) + ":0";
   impl->rt = std::make_unique<Runtime>(cfg);
   auto client = ClusterClient::connect(*impl->rt, address, options.timeout);
   if (!client) return error(client.error().code(), "init: " + client.error().message());
