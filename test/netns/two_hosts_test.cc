@@ -1,7 +1,9 @@
 // Two hosts on one machine: network namespaces joined by a veth pair, the
 // head in one, an agent in the other, talking over a real (virtual) link with
-// their own addresses. What crosses: registration, heartbeats, a job that
-// runs on the other host, the loss of that host's agent.
+// their own addresses (and hostnames). What crosses: registration,
+// heartbeats, a job that runs on the other host, the loss of that host's
+// agent, and an RL job whose trainer and rollout engine are on different
+// hosts (the weights cross by one-sided reads).
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -9,10 +11,15 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
+#include <memory>
+#include <tuple>
+#include <vector>
 #include <string>
 #include <thread>
 
 #include <catch2/catch.hpp>
+#include <nlohmann/json.hpp>
 
 #include "support/daemon.h"
 
@@ -52,10 +59,18 @@ struct TwoHosts {
     std::error_code ec;
     fs::remove_all(home, ec);
   }
-  std::vector<std::string> in(const std::string& ns) const { return {"ip", "netns", "exec", ns}; }
+  /// Each host's name (its own UTS namespace): distinct hosts have
+  /// distinct names, which is also how UCX tells that shared memory does
+  /// not reach between them.
+  std::string name_of(const std::string& ns) const { return ns == a ? "host-a" : "host-b"; }
+  /// The prefix that runs a command on host `ns`.
+  std::vector<std::string> in(const std::string& ns) const {
+    return {"ip", "netns", "exec", ns, "unshare", "-u", "sh", "-c", "hostname " + name_of(ns) + " && exec \"$@\"", "sh"};
+  }
   /// The command line, run in namespace `ns`: exit code and output.
   std::pair<int, std::string> cli(const std::string& ns, const std::string& address, const std::string& args) const {
-    return troupe::test::run_command("ip netns exec " + ns + " env TROUPE_HOME=" + (home / ns).string() +
+    return troupe::test::run_command("ip netns exec " + ns + " unshare -u sh -c 'hostname " + name_of(ns) +
+                                     " && exec \"$@\"' sh env TROUPE_HOME=" + (home / ns).string() +
                                      " TROUPE_CLUSTER_TOKEN=" + kToken + " TROUPE_ADDRESS=" + address + " " +
                                      TROUPE_CLI + " " + args);
   }
@@ -104,4 +119,68 @@ TEST_CASE("two hosts: an agent on another host joins, runs a job there, and its 
     if (!dead) std::this_thread::sleep_for(20ms);  // polling the head
   }
   CHECK(dead);
+}
+
+TEST_CASE("two hosts: an RL job trains on one host and generates on the other, the weights crossing between them",
+          "[netns][rl]") {
+  const std::string transport = "tcp";
+  INFO("transport " << transport);
+  TwoHosts hosts;
+  Daemon head(TROUPE_CLI, hosts.home / hosts.a, kToken,
+              {"start", "--head", "--host", hosts.ip_a, "--port", "0", "--data-dir", (hosts.home / "head").string(),
+               "--transport", transport},
+              hosts.in(hosts.a));
+  INFO("head said: " << head.said());
+  REQUIRE(head.ok());
+  // Two CPUs a host; the trainer rank takes two (its threads), so the
+  // rollout engine and the reward worker go to the other host.
+  std::vector<std::unique_ptr<Daemon>> agents;
+  for (const auto& [ns, ip, node] : {std::tuple{hosts.a, hosts.ip_a, "near"}, std::tuple{hosts.b, hosts.ip_b, "far"}}) {
+    agents.push_back(std::make_unique<Daemon>(TROUPE_CLI, hosts.home / ns, kToken,
+                                              std::vector<std::string>{"start", "--address", head.address(), "--host",
+                                                                       ip, "--node-id", node, "--cpus", "2",
+                                                                       "--transport", transport},
+                                              hosts.in(ns)));
+    INFO("agent said: " << agents.back()->said());
+    REQUIRE(agents.back()->ok());
+  }
+  const fs::path job = hosts.home / "job.toml";
+  {
+    std::ofstream out(job);
+    out << "[run]\nseed = 3\nsteps = 6\neval_every = 3\nplacement = \"disaggregated\"\n"
+           "[warmup]\nsteps = 300\nexamples = 2000\nmin_digits = 1\nmax_digits = 1\n"
+           "[task]\neval_problems = 50\nmin_digits = 1\nmax_digits = 1\n"
+           "[algorithm]\nprompts_per_step = 8\ngroup_size = 4\n"
+           "[trainer]\nthreads = 2\n";
+  }
+  const fs::path run = hosts.home / "run";
+  auto [code, out] = hosts.cli(hosts.a, head.address(),
+                               "rl train " + job.string() + " --run-dir " + run.string() + " --transport " + transport);
+  INFO(out);
+  REQUIRE(code == 0);
+  CHECK(out.find("done: 6 steps") != std::string::npos);
+  CHECK(out.find(" 0 fault(s)") != std::string::npos);
+  // Where the meshes ran (the ended actors stay listed with their node).
+  std::string listed;
+  std::tie(code, listed) = hosts.cli(hosts.a, head.address(), "list actors --json");
+  REQUIRE(code == 0);
+  std::string trainer_node, engine_node;
+  for (const auto& a : nlohmann::json::parse(listed)) {
+    const std::string cls = a.value("class_name", "");
+    if (cls.find("TrainerRank") != std::string::npos) trainer_node = a.value("node", "");
+    if (cls.find("RolloutEngine") != std::string::npos) engine_node = a.value("node", "");
+  }
+  INFO(listed);
+  CHECK(trainer_node == "near");
+  CHECK(engine_node == "far");
+  // Every step's weights reached the other host's engine.
+  std::ifstream metrics(run / "metrics.jsonl");
+  size_t steps = 0;
+  for (std::string line; std::getline(metrics, line);) {
+    auto j = nlohmann::json::parse(line);
+    if (j["event"] != "step") continue;
+    ++steps;
+    CHECK(j["sync_gbps"].get<double>() > 0);
+  }
+  CHECK(steps == 6);
 }
