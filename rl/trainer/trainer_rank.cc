@@ -66,6 +66,9 @@ TrainerRank::TrainerRank(std::string config_toml) : config_(config::job_config_o
   // On the first device until the rank is known (JoinTrainerGroup): a
   // process that cannot run the CUDA model fails here, before the job starts.
   device_ = make_device(0);
+  // ZeRO-1: no moments until the rank knows its segment (JoinTrainerGroup),
+  // rather than the whole model's for a while.
+  if (config_.trainer.shard_optimizer && config_.trainer.ranks >= 2) shard_ = model::ParamRange{0, 0};
   make_trainer(initial_model(config_), optim_for(config_));
   rl_phase_ = !(config_.model.init == config::ModelInit::warmup && config_.warmup.steps > 0);
 }
@@ -110,6 +113,12 @@ void TrainerRank::handle(const JoinTrainerGroup& m) {
   const auto range = segment_of(trainer_->model().layout().total(), m.group.rank, m.group.size);
   const auto now = trainer_->optimizer().range();
   if (shard_ && now.begin == range.begin && now.end == range.end) return;
+  if (shard_ && shard_->begin == shard_->end && trainer_->optimizer().steps() == 0) {
+    // The first group: the segment's moments start at zero.
+    shard_ = range;
+    make_trainer(std::move(trainer_->model()), optim_now());
+    return;
+  }
   if (shard_) {
     fail("trainer: a new group moves this rank's optimizer shard; its state is not here (resume from a checkpoint)");
   }

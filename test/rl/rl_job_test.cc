@@ -26,6 +26,7 @@
 #include "env/environment.h"
 #include "model/adamw.h"
 #include "model/safetensors.h"
+#include "trainer/trainer_rank.h"
 #include "troupe/init.h"
 
 using namespace troupe::rl;
@@ -339,6 +340,22 @@ TEST_CASE("rl job: several updates a step (epochs x mini-batches) take that many
   if (algorithm.find("ppo") != std::string::npos) {
     for (const auto& st : steps) CHECK(st.contains("value_loss"));
   }
+}
+
+TEST_CASE("trainer rank: with shard_optimizer it holds no optimizer moments until it knows its segment",
+          "[rl][job]") {
+  troupe::Runtime rt;
+  const std::string base = "[model]\ninit = \"random\"\n[rollout]\nengines = 2\n[trainer]\nranks = 2\n";
+  auto sharded = rt.spawn<trainer::TrainerRank>(base + "shard_optimizer = true\n");
+  auto replicated = rt.spawn<trainer::TrainerRank>(base);
+  auto s = sharded.ask(trainer::GetTrainerInfo{}).get();
+  auto r = replicated.ask(trainer::GetTrainerInfo{}).get();
+  REQUIRE(s);
+  REQUIRE(r);
+  CHECK(s->optimizer_floats == 0);
+  CHECK(r->optimizer_floats > 0);
+  CHECK(s->checksum == r->checksum);  // the same weights either way
+  CHECK(s->device == "cpu");
 }
 
 TEST_CASE("rl job: ZeRO-1 on 2 ranks keeps the replicas equal, checkpoints every rank's optimizer segment, and "
