@@ -59,17 +59,20 @@ struct TwoHosts {
     std::error_code ec;
     fs::remove_all(home, ec);
   }
-  /// Each host's name (its own UTS namespace): distinct hosts have
-  /// distinct names, which is also how UCX tells that shared memory does
-  /// not reach between them.
+  /// Each host's name (its own UTS namespace), and an IPC namespace of its
+  /// own for every process started "on a host": UCX takes two processes for
+  /// one node when they share the boot id and the IPC namespace (not the
+  /// hostname), and would then use shared memory between the hosts, whose
+  /// wake-ups (abstract unix sockets) do not cross network namespaces.
   std::string name_of(const std::string& ns) const { return ns == a ? "host-a" : "host-b"; }
   /// The prefix that runs a command on host `ns`.
   std::vector<std::string> in(const std::string& ns) const {
-    return {"ip", "netns", "exec", ns, "unshare", "-u", "sh", "-c", "hostname " + name_of(ns) + " && exec \"$@\"", "sh"};
+    return {"ip",      "netns", "exec", ns, "unshare", "-u", "-i", "sh", "-c",
+            "hostname " + name_of(ns) + " && exec \"$@\"", "sh"};
   }
   /// The command line, run in namespace `ns`: exit code and output.
   std::pair<int, std::string> cli(const std::string& ns, const std::string& address, const std::string& args) const {
-    return troupe::test::run_command("ip netns exec " + ns + " unshare -u sh -c 'hostname " + name_of(ns) +
+    return troupe::test::run_command("ip netns exec " + ns + " unshare -u -i sh -c 'hostname " + name_of(ns) +
                                      " && exec \"$@\"' sh env TROUPE_HOME=" + (home / ns).string() +
                                      " TROUPE_CLUSTER_TOKEN=" + kToken + " TROUPE_ADDRESS=" + address + " " +
                                      TROUPE_CLI + " " + args);
@@ -123,7 +126,8 @@ TEST_CASE("two hosts: an agent on another host joins, runs a job there, and its 
 
 TEST_CASE("two hosts: an RL job trains on one host and generates on the other, the weights crossing between them",
           "[netns][rl]") {
-  const std::string transport = "tcp";
+  // ucx: one-sided reads over UCX's TCP transport between the hosts.
+  const std::string transport = GENERATE(as<std::string>{}, "tcp", "ucx");
   INFO("transport " << transport);
   TwoHosts hosts;
   Daemon head(TROUPE_CLI, hosts.home / hosts.a, kToken,
