@@ -20,9 +20,12 @@
 #include <cerrno>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "reward/seccomp_filter.h"
 
@@ -129,6 +132,10 @@ struct ChildPlan {
   const char* gid_map;
   /// The system-call filter (seccomp_filter.h), or null.
   const sock_fprog* seccomp;
+  /// user_namespace: the caller's private directories to cover (homes, its
+  /// $HOME and $TROUPE_HOME).
+  const char* const* private_dirs;
+  size_t private_dir_count;
   struct Limit {
     __rlimit_resource_t resource;
     rlimit value;
@@ -297,14 +304,20 @@ int sandbox_child(void* arg) {
     fail(report_fd, Stage::kMountDev);
   }
   // The other places where host services keep unix sockets (connect
-  // ignores read-only mounts) or anyone may write: empty.
-  for (const char* dir : kHiddenDirs) {
+  // ignores read-only mounts) or anyone may write: empty. In a user
+  // namespace the program is the caller's uid, which may read the caller's
+  // own files: the home directories (keys, the cluster token) go too.
+  auto hide = [&](const char* dir) {
     struct stat st {};
-    if (lstat(dir, &st) != 0 || !S_ISDIR(st.st_mode)) continue;  // absent, or a link to one covered
+    if (lstat(dir, &st) != 0 || !S_ISDIR(st.st_mode)) return;  // absent, covered, or a link to one covered
     if (mount("tmpfs", dir, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=4k,nr_inodes=4,mode=0755") !=
         0) {
       fail(report_fd, Stage::kHideDirs);
     }
+  };
+  for (const char* dir : kHiddenDirs) hide(dir);
+  if (plan.user_namespace) {
+    for (size_t i = 0; i < plan.private_dir_count; ++i) hide(plan.private_dirs[i]);
   }
   write_files(plan, report_fd);
   // A session of its own: no controlling terminal to read, write or
@@ -386,7 +399,8 @@ std::string stage_error(Stage stage, int err, const SandboxRun& run, uint32_t ui
     case Stage::kMountDev:
       return "sandbox: making the sandbox's /dev failed: " + why + root;
     case Stage::kHideDirs:
-      return "sandbox: hiding /run and /var/tmp failed: " + why + root;
+      return "sandbox: hiding /run, /var/tmp" + std::string(user_namespace ? " and the home directories" : "") +
+             " failed: " + why + root;
     case Stage::kWriteFiles:
       return "sandbox: writing the program's files failed: " + why +
              (err == ENOSPC ? "; raise dir_bytes" : err == EINVAL ? unmapped : "; check the file names");
@@ -398,7 +412,10 @@ std::string stage_error(Stage stage, int err, const SandboxRun& run, uint32_t ui
     case Stage::kSetGid:
     case Stage::kSetUid:
       return "sandbox: switching to uid " + std::to_string(uid) + " failed: " + why +
-             (err == EINVAL ? unmapped : "; the sandbox needs root (CAP_SETUID, CAP_SETGID)");
+             (err == EINVAL ? unmapped
+              : user_namespace ? "; the sandbox's user namespace refused it (a security module may restrict user "
+                                 "namespaces: kernel.apparmor_restrict_unprivileged_userns)"
+                               : "; the sandbox needs root (CAP_SETUID, CAP_SETGID)");
     case Stage::kNoNewPrivs:
       return "sandbox: PR_SET_NO_NEW_PRIVS failed: " + why;
     case Stage::kParentDeath:
@@ -563,6 +580,12 @@ Result<SandboxResult> run_sandboxed(const SandboxRun& run, const SandboxLimits& 
                                     std::to_string(std::max<uint64_t>(64, limits.dir_bytes / 4096)) + ",mode=0755";
   const uint32_t uid = pick_uid();
   const std::string uid_map = std::to_string(uid) + " " + std::to_string(geteuid()) + " 1\n";
+  std::vector<std::string> private_dirs = {"/home", "/root"};
+  for (const char* var : {"HOME", "TROUPE_HOME"}) {
+    if (const char* dir = std::getenv(var); dir != nullptr && dir[0] == '/') private_dirs.emplace_back(dir);
+  }
+  std::vector<const char*> private_dir_ptrs;
+  for (const std::string& d : private_dirs) private_dir_ptrs.push_back(d.c_str());
   const std::string gid_map = std::to_string(uid) + " " + std::to_string(getegid()) + " 1\n";
   // Root may raise a hard limit; another caller gets at most its own.
   auto fixed = [user_namespace](__rlimit_resource_t resource, uint64_t v) {
@@ -588,6 +611,8 @@ Result<SandboxResult> run_sandboxed(const SandboxRun& run, const SandboxLimits& 
       .uid_map = uid_map.c_str(),
       .gid_map = gid_map.c_str(),
       .seccomp = sandbox_seccomp_filter(),
+      .private_dirs = private_dir_ptrs.data(),
+      .private_dir_count = private_dir_ptrs.size(),
       // CPU: soft = hard, so SIGKILL at the limit (the program is PID 1 of
       // its namespace, which ignores the soft limit's SIGXCPU). NPROC counts
       // the processes of the program's uid: in a user namespace, those of

@@ -9,6 +9,7 @@
 
 #include <cerrno>
 #include <cstddef>
+#include <cstdint>
 #include <vector>
 
 namespace troupe::rl::reward {
@@ -41,6 +42,10 @@ constexpr unsigned kNr = offsetof(seccomp_data, nr);
 constexpr unsigned kArch = offsetof(seccomp_data, arch);
 // The low 32 bits of the first argument (x86-64 is little-endian).
 constexpr unsigned kArg0 = offsetof(seccomp_data, args);
+constexpr unsigned kArg1 = offsetof(seccomp_data, args) + sizeof(uint64_t);
+// The type's bits of socket()'s and socketpair()'s second argument (the
+// rest are SOCK_NONBLOCK and SOCK_CLOEXEC).
+constexpr unsigned kSocketTypeMask = 0xf;
 
 sock_filter stmt(unsigned short code, unsigned k) { return BPF_STMT(code, k); }
 sock_filter jump(unsigned short code, unsigned k, unsigned char jt, unsigned char jf) {
@@ -73,6 +78,16 @@ std::vector<sock_filter> build() {
   f.push_back(jump(BPF_JMP | BPF_JEQ | BPF_K, SYS_socket, 0, 4));
   f.push_back(stmt(BPF_LD | BPF_W | BPF_ABS, kArg0));
   f.push_back(jump(BPF_JMP | BPF_JEQ | BPF_K, AF_UNIX, 0, 1));
+  f.push_back(fail_with(EACCES));
+  f.push_back(stmt(BPF_RET | BPF_K, SECCOMP_RET_ALLOW));
+  // socketpair: a datagram pair may still sendto() or connect() a path;
+  // a connected stream or seqpacket pair may not (EISCONN).
+  f.push_back(jump(BPF_JMP | BPF_JEQ | BPF_K, SYS_socketpair, 0, 7));
+  f.push_back(stmt(BPF_LD | BPF_W | BPF_ABS, kArg0));
+  f.push_back(jump(BPF_JMP | BPF_JEQ | BPF_K, AF_UNIX, 0, 4));
+  f.push_back(stmt(BPF_LD | BPF_W | BPF_ABS, kArg1));
+  f.push_back(stmt(BPF_ALU | BPF_AND | BPF_K, kSocketTypeMask));
+  f.push_back(jump(BPF_JMP | BPF_JEQ | BPF_K, SOCK_DGRAM, 0, 1));
   f.push_back(fail_with(EACCES));
   f.push_back(stmt(BPF_RET | BPF_K, SECCOMP_RET_ALLOW));
   f.push_back(stmt(BPF_RET | BPF_K, SECCOMP_RET_ALLOW));

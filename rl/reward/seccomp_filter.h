@@ -5,8 +5,9 @@
 // - socket(AF_UNIX) fails with EACCES: the network namespace cuts every
 //   network, but a unix socket is reached through its path, and the host's
 //   files stay readable (a service listening on a socket outside the hidden
-//   directories would otherwise be one connect away). socketpair still
-//   works: it names no path.
+//   directories would otherwise be one connect away). So does a datagram
+//   socketpair(AF_UNIX), whose ends may still sendto() or connect() a
+//   path; a stream or seqpacket pair works (it is connected: EISCONN).
 // - New namespaces fail with EPERM (unshare, setns, clone with a CLONE_NEW*
 //   flag; clone3, whose flags a filter cannot read, with ENOSYS, so that
 //   libc falls back to clone): a program may not make a user namespace, in

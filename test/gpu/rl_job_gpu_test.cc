@@ -74,13 +74,19 @@ TEST_CASE("gpu trainer: the CUDA device model's policy steps follow the CPU mode
   const size_t n = cpu.model().layout().total();
   for (int step = 0; step < 3; ++step) {
     INFO("step " << step);
-    auto a = cpu.policy_step(batch, loss);
-    auto b = gpu.policy_step(batch, loss);
+    // The gradient to fp32's tolerance (the GPU sums in another order)...
+    auto a = cpu.policy_gradients(batch, loss);
+    auto b = gpu.policy_gradients(batch, loss);
     REQUIRE(a);
     REQUIRE(b);
     CHECK(std::abs(a->loss - b->loss) <= 1e-4 * std::max(1.0, std::abs(a->loss)));
+    CHECK(relative_l2(gpu.model().grads(), cpu.model().grads(), n) < 1e-4);
+    // ...then the same host AdamW on each: an element whose tiny gradient
+    // flips sign moves by 2 x lr, so the weights agree more loosely.
+    cpu.apply_gradients(*a);
+    gpu.apply_gradients(*b);
     CHECK(std::abs(a->grad_norm - b->grad_norm) <= 1e-3 * a->grad_norm);
-    CHECK(relative_l2(gpu.model().params(), cpu.model().params(), n) < 1e-5);
+    CHECK(relative_l2(gpu.model().params(), cpu.model().params(), n) < 1e-2);
   }
   // Bad input is the device's error, not a crash.
   train::TrainBatch too_long = batch;

@@ -175,8 +175,9 @@ TEST_CASE("two hosts: an RL job trains on one host and generates on the other, t
     if (cls.find("RolloutEngine") != std::string::npos) engine_node = a.value("node", "");
   }
   INFO(listed);
-  CHECK(trainer_node == "near");
-  CHECK(engine_node == "far");
+  CHECK_FALSE(trainer_node.empty());
+  CHECK_FALSE(engine_node.empty());
+  CHECK(trainer_node != engine_node);
   // Every step's weights reached the other host's engine.
   std::ifstream metrics(run / "metrics.jsonl");
   size_t steps = 0;

@@ -34,6 +34,7 @@
 #include <nlohmann/json.hpp>
 
 #include "reward/sandbox.h"
+#include "reward/seccomp_filter.h"
 #include "tasks/code.h"
 
 using namespace troupe::rl;
@@ -120,6 +121,9 @@ constexpr const char* kBoundedForks =
 /// run_sandboxed as a user who is not root: a child of this process drops
 /// to nobody, runs the sandbox, and sends the result back as JSON.
 troupe::Result<SandboxResult> run_as_nobody(const SandboxRun& run, const SandboxLimits& limits) {
+  // The child of a process with threads may take no lock another thread
+  // held at the fork: the filter's one-time build happens here first.
+  REQUIRE(reward::sandbox_seccomp_filter() != nullptr);
   int fds[2];
   REQUIRE(pipe2(fds, O_CLOEXEC) == 0);
   const pid_t pid = fork();
@@ -567,11 +571,23 @@ TEST_CASE("sandbox made by a user who is not root: a user namespace of its own, 
           "[rl][sandbox]") {
   require_sandbox();
   // A directory the user may write on the host: the sandbox may not.
+  // A directory the user may write on the host, its home (with a secret
+  // only the user may read): the sandbox may neither write nor read there.
   const std::string owned = "/opt/troupe-sandbox-owned-" + std::to_string(getpid());
   fs::create_directories(owned);
   REQUIRE(chown(owned.c_str(), kNobody, kNobody) == 0);
+  const std::string home = owned + "/home";
+  fs::create_directories(home);
+  std::ofstream(home + "/secret") << "key";
+  REQUIRE(chown(home.c_str(), kNobody, kNobody) == 0);
+  REQUIRE(chown((home + "/secret").c_str(), kNobody, kNobody) == 0);
+  REQUIRE(chmod((home + "/secret").c_str(), 0600) == 0);
   const std::string script =
       "import os, socket, sys\n"
+      "try:\n"
+      "    print('read', open('" + home + "/secret').read())\n"
+      "except OSError as e:\n"
+      "    print('hidden', e.errno)\n"
       "print(os.getcwd(), open('main.py').read()[:6], sys.stdin.read(), sep='|')\n"
       "print([l.split()[1] for l in open('/proc/self/status') if l.startswith(('CapEff', 'CapPrm'))])\n"
       "print([name for _, name in socket.if_nameindex()])\n"
@@ -590,11 +606,15 @@ TEST_CASE("sandbox made by a user who is not root: a user namespace of its own, 
       "open('/dev/null', 'w').write('gone')\n"
       "print(open('inside.txt').read(), len(open('/dev/urandom', 'rb').read(4)), os.getuid())\n"
       "print(os.readlink('/proc/self/ns/pid'))\n";
+  const char* home_before = std::getenv("HOME");
+  const std::string home_was = home_before != nullptr ? home_before : "";
+  setenv("HOME", home.c_str(), 1);  // the user's HOME, as the sandbox's caller sees it
   auto r = run_python_as_nobody(script);
+  home_was.empty() ? unsetenv("HOME") : setenv("HOME", home_was.c_str(), 1);
   INFO(r.out << r.err);
   REQUIRE(r.succeeded());
   CHECK(r.user_namespace);
-  CHECK(r.out.rfind("/tmp/work|import|from stdin\n", 0) == 0);
+  CHECK(r.out.rfind("hidden " + std::to_string(ENOENT) + "\n/tmp/work|import|from stdin\n", 0) == 0);
   CHECK(r.out.find("['0000000000000000', '0000000000000000']") != std::string::npos);
   CHECK(r.out.find("['lo']") != std::string::npos);
   CHECK(r.out.find("net " + std::to_string(ENETUNREACH)) != std::string::npos);
@@ -602,7 +622,8 @@ TEST_CASE("sandbox made by a user who is not root: a user namespace of its own, 
   CHECK(r.out.find("connected") == std::string::npos);
   CHECK(r.out.find("ok 4 " + std::to_string(r.uid) + "\n") != std::string::npos);
   CHECK(r.uid >= 2'000'000'000u);
-  CHECK(fs::is_empty(owned));
+  CHECK(fs::exists(home + "/secret"));
+  CHECK_FALSE(fs::exists(owned + "/x"));
   fs::remove_all(owned);
   // Nothing of it is left.
   const size_t at = r.out.find("pid:[");
@@ -658,6 +679,15 @@ TEST_CASE("sandbox: the system-call filter refuses unix sockets on the host's pa
   REQUIRE(bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
   REQUIRE(chmod(path.c_str(), 0777) == 0);
   REQUIRE(listen(listener, 4) == 0);
+  // And a datagram service's: a datagram socketpair end could sendto() it.
+  const std::string dgram_path = dir + "/dgram.sock";
+  const int dgram = socket(AF_UNIX, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  REQUIRE(dgram >= 0);
+  sockaddr_un dgram_addr{};
+  dgram_addr.sun_family = AF_UNIX;
+  std::snprintf(dgram_addr.sun_path, sizeof dgram_addr.sun_path, "%s", dgram_path.c_str());
+  REQUIRE(bind(dgram, reinterpret_cast<sockaddr*>(&dgram_addr), sizeof dgram_addr) == 0);
+  REQUIRE(chmod(dgram_path.c_str(), 0777) == 0);
   const std::string script =
       "import socket\n"
       "print([l.split()[1] for l in open('/proc/self/status') if l.startswith('Seccomp:')])\n"
@@ -667,6 +697,12 @@ TEST_CASE("sandbox: the system-call filter refuses unix sockets on the host's pa
       "    print('connected')\n"
       "except OSError as e:\n"
       "    print('unix', e.errno)\n"
+      "try:\n"
+      "    c, d = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)\n"
+      "    c.sendto(b'x', '" + dgram_path + "')\n"
+      "    print('sent')\n"
+      "except OSError as e:\n"
+      "    print('dgram', e.errno)\n"
       "a, b = socket.socketpair()\n"
       "a.send(b'pair')\n"
       "print(b.recv(4).decode())\n";
@@ -677,7 +713,7 @@ TEST_CASE("sandbox: the system-call filter refuses unix sockets on the host's pa
     REQUIRE(r);
     INFO(r->out << r->err);
     CHECK(r->succeeded());
-    CHECK(r->out == "['2']\nunix " + std::to_string(EACCES) + "\npair\n");
+    CHECK(r->out == "['2']\nunix " + std::to_string(EACCES) + "\ndgram " + std::to_string(EACCES) + "\npair\n");
     // A user namespace, which would give the program every capability over
     // fresh namespaces of its own, is refused.
     auto nested = as_root ? reward::run_sandboxed({.argv = {"/usr/bin/unshare", "-U", "-r", "/bin/true"},
@@ -695,6 +731,10 @@ TEST_CASE("sandbox: the system-call filter refuses unix sockets on the host's pa
   }
   CHECK(accept(listener, nullptr, nullptr) < 0);
   CHECK(errno == EAGAIN);
+  char byte;
+  CHECK(recv(dgram, &byte, 1, 0) < 0);
+  CHECK(errno == EAGAIN);
   close(listener);
+  close(dgram);
   fs::remove_all(dir);
 }
