@@ -431,6 +431,24 @@ const RuntimeConfig& Runtime::config() const { return impl_->config(); }
 
 namespace detail {
 CellPtr spawn_from_spec(Runtime& rt, SpawnSpec spec) { return spawn_in(rt.impl_.get(), std::move(spec)); }
+
+namespace {
+// A start reply that hands its outcome to a function.
+class StartedReply final : public ReplyTo<void> {
+ public:
+  explicit StartedReply(std::function<void(Status)> fn) : fn_(std::move(fn)) {}
+  void complete(Result<void>&& r) override {
+    if (fn_) std::exchange(fn_, nullptr)(r ? Status() : r.error());
+  }
+
+ private:
+  std::function<void(Status)> fn_;
+};
+}  // namespace
+
+CellPtr spawn_from_spec(Runtime& rt, SpawnSpec spec, std::function<void(Status)> started) {
+  return rt.impl_->spawn(std::move(spec), nullptr, 0, ReplyRef(new StartedReply(std::move(started))));
+}
 }  // namespace detail
 
 }  // namespace troupe

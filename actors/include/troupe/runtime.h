@@ -26,6 +26,10 @@ namespace detail {
 /// Spawns an unsupervised actor from a prepared spec (cluster workers build
 /// specs from encoded constructor arguments).
 CellPtr spawn_from_spec(Runtime& rt, SpawnSpec spec);
+/// As above; `started` gets the first start's outcome (ok once the
+/// constructor and on_start succeeded, else why not), on some thread of the
+/// runtime's, once.
+CellPtr spawn_from_spec(Runtime& rt, SpawnSpec spec, std::function<void(Status)> started);
 }  // namespace detail
 
 /// How a Runtime is set up. Every field has a working default.
@@ -162,6 +166,8 @@ class Runtime {
 
  private:
   friend detail::CellPtr detail::spawn_from_spec(Runtime& rt, detail::SpawnSpec spec);
+  friend detail::CellPtr detail::spawn_from_spec(Runtime& rt, detail::SpawnSpec spec,
+                                                 std::function<void(Status)> started);
   std::unique_ptr<detail::RuntimeImpl> impl_;
 };
 

@@ -33,7 +33,9 @@ bool hopeless_error(ErrorCode code) { return code == ErrorCode::not_found || cod
 
 constexpr size_t kDeadActorsKept = 1000;
 constexpr std::chrono::seconds kWorkerStartAsk{40};
-constexpr std::chrono::seconds kCreateAsk{30};
+// A creation is answered once the actor's constructor and on_start have run
+// (loading a checkpoint, starting a GPU): bounded, but generously.
+constexpr std::chrono::seconds kCreateAsk{300};
 
 }  // namespace
 
@@ -439,6 +441,10 @@ void HeadActor::create_on(Worker& w, const std::string& actor_id) {
       return;
     }
     if (!r) {
+      if (r.error().code() == ErrorCode::timeout) {
+        // It may still come up there after this: it must not live on unseen.
+        if (auto w = workers_.find(wid); w != workers_.end() && w->second.ref) (void)w->second.ref.tell(StopActor{actor_id});
+      }
       leave_worker(wid, actor_id);
       if (hopeless_error(r.error().code())) {
         actor_dead(actor_id, "it cannot be created: " + r.error().message(), false);

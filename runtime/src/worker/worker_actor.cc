@@ -6,6 +6,8 @@
 #include <stdlib.h>
 
 #include <cstdio>
+#include <optional>
+#include <atomic>
 #include <future>
 #include <thread>
 
@@ -28,42 +30,35 @@ void WorkerActor::on_start() {
   });
 }
 
-Result<Location> WorkerActor::handle(const CreateActor& m) {
+Deferred<Location> WorkerActor::handle(const CreateActor& m) {
+  auto reply = defer<Location>();
   if (m.head) {
     std::lock_guard<std::mutex> lock(head_->mu);
     head_->head = m.head;
   }
-  if (auto it = actors_.find(m.actor_id); it != actors_.end()) return it->second.where;  // a retried request
+  if (auto it = actors_.find(m.actor_id); it != actors_.end()) {  // a retried request
+    if (it->second.started) {
+      reply.complete(it->second.where);
+    } else {
+      it->second.waiting.push_back(reply);
+    }
+    return reply;
+  }
   detail::ActorClassFactory make = detail::find_actor_class(m.class_key);
   if (make == nullptr) {
-    return error(ErrorCode::not_found, "worker " + worker_id_ + ": this program has no actor class " + m.class_key +
-                                           " (workers run the driver's executable: was it rebuilt since?)");
+    reply.fail(Status(ErrorCode::not_found, "worker " + worker_id_ + ": this program has no actor class " +
+                                                m.class_key + " (workers run the driver's executable: was it rebuilt since?)"));
+    return reply;
   }
   SpawnOptions options;
   options.name = m.actor_id;
   options.mailbox_bound = static_cast<size_t>(m.mailbox_bound);
   options.snapshot_every = m.snapshot_every;
   auto spec = make(m.args, std::move(options));
-  if (!spec) return error(spec.error());
-  // The first instance is built here, so that a constructor that throws
-  // is this creation's error (the head then records why the actor could
-  // not start, as Ray does for a failed creation task) rather than an
-  // actor that dies once alive and is restarted into the same throw. The
-  // cell takes this instance for its first incarnation; a later one (a
-  // restart in this process) is built by the class's own factory.
-  std::unique_ptr<ActorBase> first;
-  try {
-    first = spec->factory();
-  } catch (const std::exception& e) {
-    return error(ErrorCode::start_failed, std::string("its constructor threw: ") + e.what());
-  } catch (...) {
-    return error(ErrorCode::start_failed, "its constructor threw a non-std::exception");
+  if (!spec) {
+    reply.fail(spec.error());
+    return reply;
   }
-  auto prebuilt = std::make_shared<std::unique_ptr<ActorBase>>(std::move(first));
-  spec->factory = [prebuilt, factory = std::move(spec->factory)]() -> std::unique_ptr<ActorBase> {
-    if (*prebuilt) return std::move(*prebuilt);
-    return factory();
-  };
   spec->snapshot = m.snapshot;
   std::shared_ptr<HeadBox> head = head_;
   std::string id = m.actor_id;
@@ -76,19 +71,51 @@ Result<Location> WorkerActor::handle(const CreateActor& m) {
     }
     if (h) (void)h.tell(SaveSnapshot{id, bytes});
   };
-  AnyRef ref(detail::spawn_from_spec(*rt_, std::move(*spec)));
-  if (!ref) return error(ErrorCode::shutting_down, "worker " + worker_id_ + " is shutting down");
+  // The constructor runs on the actor's own first start, not on this
+  // thread (a slow one would hold every other creation and stop here); its
+  // outcome comes back as HostedStarted. The ref id is known only once the
+  // spawn returns, so the outcome carries it through a shared cell.
+  auto ref_id = std::make_shared<std::atomic<uint64_t>>(0);
+  auto outcome = std::make_shared<std::optional<Status>>();
+  auto mu = std::make_shared<std::mutex>();
+  AnyRef me = self();
+  AnyRef ref(detail::spawn_from_spec(*rt_, std::move(*spec), [me, id, ref_id, outcome, mu](Status s) {
+    std::lock_guard<std::mutex> lock(*mu);
+    *outcome = s;
+    if (const uint64_t rid = ref_id->load(); rid != 0) (void)me.tell(HostedStarted{id, rid, s.ok(), s.message()});
+  }));
+  if (!ref) {
+    reply.fail(Status(ErrorCode::shutting_down, "worker " + worker_id_ + " is shutting down"));
+    return reply;
+  }
   auto where = rt_->locate(ref);
   if (!where) {
     rt_->stop(ref);
-    return error(where.error());
+    reply.fail(where.error());
+    return reply;
   }
   Location loc{where->first, where->second};
-  actors_[id] = Hosted{ref, loc};
+  Hosted& hosted = actors_[id];
+  hosted.ref = ref;
+  hosted.where = loc;
+  hosted.waiting.push_back(reply);
+  {
+    // The start may have ended already (on another thread): then say so here.
+    std::lock_guard<std::mutex> lock(*mu);
+    ref_id->store(loc.id);
+    if (*outcome) (void)self().tell(HostedStarted{id, loc.id, (*outcome)->ok(), (*outcome)->message()});
+  }
   monitor(ref, [this, id, loc](const Down& d) {
     auto it = actors_.find(id);
-    if (it != actors_.end() && it->second.where.id == loc.id) {
-      actors_.erase(it);
+    if (it == actors_.end() || it->second.where.id != loc.id) return;
+    if (!it->second.started) {
+      // Gone before its start was answered: the start failed (its creation's
+      // answer says why; the head records it, with no exit to report).
+      start_ended(id, it->second, Status(ErrorCode::start_failed, d.reason.to_string()));
+      return;
+    }
+    actors_.erase(it);
+    {
       std::lock_guard<std::mutex> lock(head_->mu);
       head_->latest.erase(id);
     }
@@ -96,7 +123,29 @@ Result<Location> WorkerActor::handle(const CreateActor& m) {
       (void)h.tell(ActorExited{id, loc, d.reason.abnormal(), d.reason.to_string()});
     }
   });
-  return loc;
+  return reply;
+}
+
+void WorkerActor::handle(const HostedStarted& m) {
+  auto it = actors_.find(m.actor_id);
+  if (it == actors_.end() || it->second.where.id != m.ref_id || it->second.started) return;
+  start_ended(m.actor_id, it->second, m.ok ? Status() : Status(ErrorCode::start_failed, m.why));
+}
+
+void WorkerActor::start_ended(const std::string& id, Hosted& h, const Status& outcome) {
+  std::vector<Deferred<Location>> waiting = std::move(h.waiting);
+  h.waiting.clear();
+  if (outcome.ok()) {
+    h.started = true;
+    for (auto& w : waiting) w.complete(h.where);
+    return;
+  }
+  actors_.erase(id);
+  {
+    std::lock_guard<std::mutex> lock(head_->mu);
+    head_->latest.erase(id);
+  }
+  for (auto& w : waiting) w.fail(outcome);
 }
 
 void WorkerActor::handle(const StopActor& m) {

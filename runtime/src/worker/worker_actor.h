@@ -9,6 +9,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "cluster/protocol.h"
 #include "troupe/actor.h"
@@ -16,13 +17,27 @@
 
 namespace troupe::cluster {
 
-class WorkerActor final : public Actor<WorkerActor, CreateActor, StopActor, AdoptWorker> {
+/// A hosted actor's first start ended (sent by the worker to itself from
+/// the actor's start; internal).
+struct HostedStarted {
+  std::string actor_id;
+  uint64_t ref_id = 0;
+  bool ok = false;
+  std::string why;
+  TROUPE_MESSAGE_NAMED(HostedStarted, "troupe.worker.HostedStarted", actor_id, ref_id, ok, why);
+};
+
+class WorkerActor final : public Actor<WorkerActor, CreateActor, StopActor, AdoptWorker, HostedStarted> {
  public:
   /// `done` runs once when the worker should end (its agent is gone).
   WorkerActor(Runtime* rt, std::string worker_id, AnyRef agent, std::function<void()> done);
 
   void on_start() override;
-  Result<Location> handle(const CreateActor& m);
+  /// Answers once the actor has started (its constructor and on_start ran):
+  /// with where it is, or start_failed with why (the head then records it
+  /// dead rather than restarting it into the same failure).
+  Deferred<Location> handle(const CreateActor& m);
+  void handle(const HostedStarted& m);
   void handle(const StopActor& m);
   Snapshots handle(const AdoptWorker& m);
 
@@ -48,7 +63,12 @@ class WorkerActor final : public Actor<WorkerActor, CreateActor, StopActor, Adop
   struct Hosted {
     AnyRef ref;
     Location where;
+    /// Until its first start ends: the creation's answers to give.
+    bool started = false;
+    std::vector<Deferred<Location>> waiting;
   };
+  // Answers the creations waiting on `h` and forgets it when its start failed.
+  void start_ended(const std::string& id, Hosted& h, const Status& outcome);
   std::map<std::string, Hosted> actors_;  // cluster actor id -> its incarnation here
 };
 
