@@ -54,6 +54,8 @@ class DeviceModel {
   virtual std::string describe() const = 0;
   /// The device's index.
   virtual int device() const = 0;
+  /// The devices of its kind this process sees (a rank's is rank modulo it).
+  virtual int devices_seen() const = 0;
   /// Copies the ParamLayout's total() parameters in from host memory.
   virtual Status upload_params(const float* host) = 0;
   /// Runs the model on `tokens` (B,T) and writes the per-position losses

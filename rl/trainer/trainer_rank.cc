@@ -90,9 +90,10 @@ void TrainerRank::make_trainer(model::Gpt<float> weights, const model::AdamWConf
 
 void TrainerRank::handle(const JoinTrainerGroup& m) {
   group_ = m.group;
-  if (device_ != nullptr) {
+  if (device_ != nullptr &&
+      static_cast<int>(m.group.rank % static_cast<size_t>(std::max(1, device_->devices_seen()))) != device_->device()) {
     auto dev = make_device(m.group.rank);
-    if (dev->device() != device_->device()) {
+    {
       // The trainer points at device_: swap it in place of the old one.
       reference_device_.reset();
       model::Gpt<float> weights = std::move(trainer_->model());

@@ -32,6 +32,7 @@ class HostDeviceModel final : public model::DeviceModel {
   explicit HostDeviceModel(const model::GptConfig& c) : gpt_(model::Gpt<float>::make(c).value()) {}
   std::string describe() const override { return "host (test)"; }
   int device() const override { return 0; }
+  int devices_seen() const override { return 1; }
   Status upload_params(const float* host) override {
     std::memcpy(gpt_.params(), host, gpt_.layout().total() * sizeof(float));
     ++uploads;

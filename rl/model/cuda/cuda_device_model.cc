@@ -21,7 +21,8 @@ const char* precision_name(MatmulPrecision p) {
 
 class CudaDeviceModel final : public DeviceModel {
  public:
-  CudaDeviceModel(GptCuda gpt, std::string name) : gpt_(std::move(gpt)), name_(std::move(name)) {}
+  CudaDeviceModel(GptCuda gpt, std::string name, int devices)
+      : gpt_(std::move(gpt)), name_(std::move(name)), devices_(devices) {}
 
   std::string describe() const override {
     return "cuda:" + std::to_string(gpt_.options().device) + " " + name_ + ", " +
@@ -31,6 +32,7 @@ class CudaDeviceModel final : public DeviceModel {
            " products";
   }
   int device() const override { return gpt_.options().device; }
+  int devices_seen() const override { return devices_; }
   Status upload_params(const float* host) override { return gpt_.upload_params(host); }
   Status forward(const int32_t* tokens, const int32_t* targets, size_t B, size_t T, float* losses) override {
     if (Status s = gpt_.forward(tokens, targets, B, T); !s.ok()) return s;
@@ -45,6 +47,7 @@ class CudaDeviceModel final : public DeviceModel {
  private:
   GptCuda gpt_;
   std::string name_;
+  int devices_;
 };
 
 Result<std::unique_ptr<DeviceModel>> make(const GptConfig& config, const DeviceModelOptions& options) {
@@ -60,7 +63,7 @@ Result<std::unique_ptr<DeviceModel>> make(const GptConfig& config, const DeviceM
   if (!gpt) return error(gpt.error());
   cudaDeviceProp prop{};
   std::string name = cudaGetDeviceProperties(&prop, device) == cudaSuccess ? prop.name : "(unnamed device)";
-  return std::unique_ptr<DeviceModel>(new CudaDeviceModel(std::move(*gpt), std::move(name)));
+  return std::unique_ptr<DeviceModel>(new CudaDeviceModel(std::move(*gpt), std::move(name), *count));
 }
 
 }  // namespace
