@@ -359,7 +359,7 @@ TEST_CASE("snapshot_every takes snapshots without explicit checkpoints", "[super
   CHECK(t.ask(Total{}).get().value() == 5);
 }
 
-TEST_CASE("messages queued behind a crash go to the new incarnation; the crashing one is not redelivered", "[supervisor]") {
+TEST_CASE("messages queued behind a crash go to the new incarnation, the crashing one is not redelivered", "[supervisor]") {
   auto j = std::make_shared<Journal>();
   troupe::Runtime rt;
   auto sup = rt.start_supervisor("s", {.intensity = 5, .children = {probe(j, "w")}});

@@ -45,7 +45,7 @@ TEST_CASE("adamw: warm-up is linear and the cosine decays to the floor", "[rl][m
   for (size_t s = 11; s < 110; ++s) CHECK(opt.learning_rate(s) <= opt.learning_rate(s - 1));
 }
 
-TEST_CASE("adamw: a gradient above the clip norm is scaled to it; a NaN gradient changes nothing", "[rl][model]") {
+TEST_CASE("adamw: a gradient above the clip norm is scaled to it, a NaN gradient changes nothing", "[rl][model]") {
   ParamLayout layout = small_layout();
   AdamW opt(layout, AdamWConfig{.clip_norm = 1.0});
   std::vector<float> p(layout.total(), 1.0f), g(layout.total(), 0.0f);

@@ -82,7 +82,7 @@ TEST_CASE("model kernels: the encoder's gradients match finite differences", "[r
   CHECK(max_rel_diff(dwpe, numeric_grad(wpe, loss)) < 1e-6);
 }
 
-TEST_CASE("model kernels: layernorm's gradients match finite differences; float agrees with double", "[rl][model]") {
+TEST_CASE("model kernels: layernorm's gradients match finite differences, float agrees with double", "[rl][model]") {
   const size_t N = B * T;
   auto inp = random_vector(N * C, 4, 2.0), weight = random_vector(C, 5), bias = random_vector(C, 6);
   auto w = random_vector(N * C, 7);
@@ -134,7 +134,7 @@ TEST_CASE("model kernels: matmul's gradients match finite differences, with and 
   }
 }
 
-TEST_CASE("model kernels: causal attention's gradients match finite differences; the future is not seen",
+TEST_CASE("model kernels: causal attention's gradients match finite differences, the future is not seen",
           "[rl][model]") {
   auto qkv = random_vector(B * T * 3 * C, 12), w = random_vector(B * T * C, 13);
   std::vector<double> out(B * T * C), preatt(B * NH * T * T), att(B * NH * T * T);

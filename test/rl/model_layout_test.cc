@@ -51,7 +51,7 @@ TEST_CASE("model layout: a bad configuration is refused with what is wrong", "[r
   CHECK_FALSE(ParamLayout::make(cfg).has_value());
 }
 
-TEST_CASE("model tokenizer: any bytes round-trip; specials sit after the bytes and decode to nothing",
+TEST_CASE("model tokenizer: any bytes round-trip, specials sit after the bytes and decode to nothing",
           "[rl][model]") {
   std::string text = "12+345=357\n";
   text.push_back('\0');

@@ -403,7 +403,7 @@ TEST_CASE("report: strings from the file are escaped, never markup", "[rl][repor
   CHECK_THAT(html, Catch::Contains("Content-Security-Policy\" content=\"default-src 'none'"));
 }
 
-TEST_CASE("report: wall time is cumulative across a resume; plots over steps keep the redone steps", "[rl][report]") {
+TEST_CASE("report: wall time is cumulative across a resume, plots over steps keep the redone steps", "[rl][report]") {
   RunDir dir;
   std::string text = json{{"event", "run"}, {"run_id", "resumed"}}.dump() + "\n";
   for (int s = 1; s <= 5; ++s) text += step_line(s, 10.0 * s).dump() + "\n";
@@ -531,7 +531,7 @@ TEST_CASE("report: write_report writes report.html beside the metrics and return
   CHECK(read_file(*written) == html);
 }
 
-TEST_CASE("report: a page that cannot be written is an error naming the path; the older page stays whole",
+TEST_CASE("report: a page that cannot be written is an error naming the path, the older page stays whole",
           "[rl][report]") {
   RunDir dir;
   dir.write_metrics(realistic_run());

@@ -137,7 +137,7 @@ TEST_CASE("rl config: every example under examples/rl parses and validates", "[r
   CHECK(n >= 2);
 }
 
-TEST_CASE("rl config: defaults fill what a file leaves out; sync mode has no staleness", "[rl][config]") {
+TEST_CASE("rl config: defaults fill what a file leaves out, sync mode has no staleness", "[rl][config]") {
   auto c = config::parse_rl_config("[run]\nsteps = 7\nmax_staleness = 4\n").value();
   CHECK(c.run.steps == 7);
   CHECK(c.run.max_staleness == 0);  // sync

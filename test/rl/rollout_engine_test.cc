@@ -82,7 +82,7 @@ TEST_CASE("rollout engine: continuous batching gives each sample what generate()
   CHECK(report.queued == 0);
 }
 
-TEST_CASE("rollout engine: a group waits for its weights; weights that arrive mid-generation go on in the "
+TEST_CASE("rollout engine: a group waits for its weights, weights that arrive mid-generation go on in the "
           "sequences in flight",
           "[rl][rollout]") {
   // Long completions (24 tokens: a random model rarely says EOS) so that

@@ -7,6 +7,8 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <filesystem>
+#include <fstream>
 #include <set>
 #include <string>
 #include <thread>
@@ -88,6 +90,17 @@ class Picky : public troupe::Actor<Picky, Total> {
   int handle(const Total&) { return 1; }
 };
 
+/// An actor that starts, but cannot start again once `marker` exists (what
+/// it needs went away while it ran).
+class Fragile : public troupe::Actor<Fragile, Total, Crash> {
+ public:
+  explicit Fragile(std::string marker) {
+    if (std::filesystem::exists(marker)) throw std::runtime_error("fragile: cannot start now");
+  }
+  int handle(const Total&) { return 1; }
+  void handle(const Crash&) { fail("asked to crash"); }
+};
+
 /// Polls the head until the actor is alive again (after a restart) and
 /// returns its record; the head answers as soon as it is.
 troupe::ActorInfo alive_again(const troupe::ClusterClient& c, const std::string& id, uint32_t restarts) {
@@ -104,7 +117,7 @@ troupe::ActorInfo alive_again(const troupe::ClusterClient& c, const std::string&
 
 }  // namespace
 
-TEST_CASE("cluster actors: spawn runs an actor in a worker process started by an agent; asks reach it",
+TEST_CASE("cluster actors: spawn runs an actor in a worker process started by an agent, asks reach it",
           "[cluster][actors]") {
   LocalCluster local(2);
   auto& cluster = local.cluster;
@@ -215,6 +228,36 @@ TEST_CASE("cluster actors: a constructor that throws fails the spawn with its me
   CHECK(ok->ask(Total{}).get().value() == 1);
 }
 
+TEST_CASE("cluster actors: restarts whose constructor throws back off, count against max_restarts, then it is dead "
+          "with the reason",
+          "[cluster][actors]") {
+  LocalCluster local(1);
+  auto& cluster = local.cluster;
+  const std::string marker = (std::filesystem::temp_directory_path() /
+                              ("troupe-fragile-" + std::to_string(getpid())))
+                                 .string();
+  std::filesystem::remove(marker);
+  auto info = cluster.spawn_info<Fragile>({.max_restarts = 3}, marker).value();
+  auto ref = cluster.ref_to<Fragile>(info).value();
+  REQUIRE(ref.ask(Total{}).get().value() == 1);
+  std::ofstream(marker) << "gone";
+  const auto start = std::chrono::steady_clock::now();
+  CHECK_FALSE(ref.ask(Crash{}).get().has_value());
+  troupe::Result<troupe::ActorInfo> gone = troupe::error(ErrorCode::timeout, "not yet");
+  for (int i = 0; i < 2000; ++i) {
+    gone = cluster.actor(info.id);
+    if (!gone) break;
+    std::this_thread::sleep_for(10ms);  // polling the head
+  }
+  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::filesystem::remove(marker);
+  REQUIRE_FALSE(gone.has_value());
+  CHECK(gone.error().code() == ErrorCode::actor_dead);
+  CHECK_THAT(gone.error().message(), Catch::Contains("cannot start now") && Catch::Contains("max_restarts"));
+  // Two failed restarts waited 100 and 200 ms before the next try.
+  CHECK(waited >= 0.3);
+}
+
 TEST_CASE("cluster actors: an actor waits pending with its reason until resources free up, then runs",
           "[cluster][actors]") {
   LocalCluster local(1);  // 2 CPUs
@@ -235,7 +278,7 @@ TEST_CASE("cluster actors: an actor waits pending with its reason until resource
   CHECK(cluster.actor(big.id).error().code() == ErrorCode::actor_dead);
 }
 
-TEST_CASE("cluster actors: bundles and label selectors place actors; removing the group stops its actors",
+TEST_CASE("cluster actors: bundles and label selectors place actors, removing the group stops its actors",
           "[cluster][actors]") {
   LocalCluster local(0);
   auto& cluster = local.cluster;
@@ -296,7 +339,7 @@ TEST_CASE("cluster actors: named get-or-create: of racing spawns one actor is ma
   CHECK(cluster.actor_named("shared", "race").value().id == *ids.begin());
 }
 
-TEST_CASE("cluster actors: an owned actor stops when its driver dies; a detached one lives on", "[cluster][actors]") {
+TEST_CASE("cluster actors: an owned actor stops when its driver dies, a detached one lives on", "[cluster][actors]") {
   LocalCluster local(1);
   auto& cluster = local.cluster;
   // A second driver: this test binary in driver mode (support/test_driver.h).
@@ -409,7 +452,7 @@ TEST_CASE("troupe command line: list actors and status show the cluster's actors
   CHECK_THAT(out, Catch::Contains("actors: 1 alive"));
 }
 
-TEST_CASE("cluster actors: the ref spawn returns follows its actor across restarts; an ask in flight fails "
+TEST_CASE("cluster actors: the ref spawn returns follows its actor across restarts, an ask in flight fails "
           "without max_task_retries",
           "[cluster][actors]") {
   LocalCluster local(1);

@@ -202,7 +202,7 @@ TEST_CASE("collectives: allreduce across 8 processes matches the reference for s
   for (size_t i = 0; i < 10; ++i) CHECK((*four[0])[i] == expected(DType::float32, ReduceOp::sum, 4, i));
 }
 
-TEST_CASE("collectives: a member's process killed during an allreduce fails it on every survivor; a new group "
+TEST_CASE("collectives: a member's process killed during an allreduce fails it on every survivor, a new group "
           "works once it is back",
           "[cluster][collectives]") {
   CollectiveCluster c;
@@ -234,7 +234,7 @@ TEST_CASE("collectives: a member's process killed during an allreduce fails it o
   for (size_t i = 0; i < 1001; ++i) CHECK((*again[7])[i] == expected(DType::float32, ReduceOp::sum, 8, i));
 }
 
-TEST_CASE("collectives: ranks on one host exchange chunks through shared memory; a group without it uses messages",
+TEST_CASE("collectives: ranks on one host exchange chunks through shared memory, a group without it uses messages",
           "[cluster][collectives]") {
   CollectiveCluster c;
   // 8 ranks, 64 KiB chunks, 80,000 floats: 40,000-byte segments, one chunk

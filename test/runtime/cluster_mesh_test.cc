@@ -146,7 +146,7 @@ TEST_CASE("meshes: cast reaches every member of a slice exactly once", "[cluster
   for (size_t i = 0; i < 8; ++i) CHECK(seen[i] == want(i));
 }
 
-TEST_CASE("meshes: a failing member is a partial failure; the others' replies stay in rank order",
+TEST_CASE("meshes: a failing member is a partial failure, the others' replies stay in rank order",
           "[cluster][mesh]") {
   MeshCluster m;
   auto mesh = m.procs.spawn<Member>({.max_restarts = -1}, "m").value();
@@ -234,7 +234,7 @@ TEST_CASE("meshes: several actors per process: the shape gets a dimension, and a
   for (size_t i = 0; i < 16; ++i) CHECK(seen[i] == want(i));
 }
 
-TEST_CASE("meshes: stream gives replies as they come; choose spreads asks over the least loaded members",
+TEST_CASE("meshes: stream gives replies as they come, choose spreads asks over the least loaded members",
           "[cluster][mesh]") {
   MeshCluster m;
   auto mesh = m.procs.spawn<Member>({}, "m").value();

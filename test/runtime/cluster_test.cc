@@ -125,7 +125,7 @@ TEST_CASE("cluster: a hung agent is declared dead by the heartbeat bound, and re
   CHECK(status_until(cluster, 5s, [](auto& st) { return find_node(st, "a1")->state == "alive"; }));
 }
 
-TEST_CASE("cluster: kill -9 of the head; started again on its data directory it has lost nothing", "[cluster]") {
+TEST_CASE("cluster: kill -9 of the head, started again on its data directory it has lost nothing", "[cluster]") {
   TempHome home;
   auto h = head(home);
   std::string address = h->address();

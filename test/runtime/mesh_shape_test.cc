@@ -45,7 +45,7 @@ TEST_CASE("mesh shape: slicing a dimension keeps the members' global ranks", "[m
   CHECK(odd_hosts_evens.ranks() == std::vector<size_t>{4, 6});
 }
 
-TEST_CASE("mesh shape: flatten and rename keep ranks; bad selections say what is wrong", "[mesh]") {
+TEST_CASE("mesh shape: flatten and rename keep ranks, bad selections say what is wrong", "[mesh]") {
   auto s = Shape::make({{"hosts", 2}, {"gpus", 4}}).value();
   auto flat = s.range("gpus", 1, 3).value().flatten("members");
   CHECK(flat.names() == std::vector<std::string>{"members"});

@@ -80,7 +80,7 @@ TEST_CASE("placement: STRICT_SPREAD puts every bundle on its own node, or waits 
   CHECK(distinct(later.nodes) == 4);
 }
 
-TEST_CASE("placement: STRICT_PACK takes one node or none; PACK spills over as few nodes as it can", "[placement]") {
+TEST_CASE("placement: STRICT_PACK takes one node or none, PACK spills over as few nodes as it can", "[placement]") {
   Ledger l = cluster(4, 8);
   auto strict = l.place("sp", group(PlacementStrategy::strict_pack, 4, {{"CPU", 2}}));
   REQUIRE(strict.placed);

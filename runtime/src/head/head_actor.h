@@ -145,6 +145,9 @@ class HeadActor : public Actor<HeadActor, RegisterNode, NodeHeartbeat, CreatePla
     /// Bumped by every creation attempt: a late answer to an older one is
     /// recognised and ignored.
     uint64_t attempt = 0;
+    /// Restarts in a row whose constructor threw: each waits longer before
+    /// the next (an actor that cannot start again does not spin).
+    uint32_t failed_starts = 0;
     std::vector<ActorWaiter> waiters;
     /// Told an ActorEvent at each failure, return and death.
     std::vector<AnyRef> watchers;
@@ -180,7 +183,9 @@ class HeadActor : public Actor<HeadActor, RegisterNode, NodeHeartbeat, CreatePla
   void create_on(Worker& w, const std::string& actor_id);
   void actor_alive(ClusterActor& a, const std::string& worker, const Location& where);
   /// Its incarnation ended abnormally: restart it if its options allow.
-  void actor_failed(const std::string& id, const std::string& why);
+  /// `delay`: how long the restart waits (a restart whose start failed).
+  void actor_failed(const std::string& id, const std::string& why,
+                    std::chrono::milliseconds delay = std::chrono::milliseconds(0));
   /// It ends for good (stopped, killed, restarts used up, owner gone).
   void actor_dead(const std::string& id, const std::string& why, bool stop_it);
   void worker_dead(const std::string& worker_id, const std::string& why);

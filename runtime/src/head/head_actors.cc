@@ -451,6 +451,12 @@ void HeadActor::create_on(Worker& w, const std::string& actor_id) {
       } else if (r.error().code() == ErrorCode::start_failed && it->second.rec.info.restarts == 0) {
         // Its first creation threw: the same arguments would throw again.
         actor_dead(actor_id, "it failed to start: " + r.error().message(), false);
+      } else if (r.error().code() == ErrorCode::start_failed) {
+        // A restart that threw (its state or its node's changed since): again,
+        // after 100 ms, doubling to 10 s while it keeps failing.
+        const uint32_t n = std::min<uint32_t>(it->second.failed_starts++, 7);
+        actor_failed(actor_id, "restarting it failed: " + r.error().message(),
+                     std::min(std::chrono::milliseconds(100) * (1u << n), std::chrono::milliseconds(10000)));
       } else {
         actor_failed(actor_id, "creating it failed: " + r.error().message());
       }
@@ -462,6 +468,7 @@ void HeadActor::create_on(Worker& w, const std::string& actor_id) {
 
 void HeadActor::actor_alive(ClusterActor& a, const std::string& worker, const Location& where) {
   ActorInfo& info = a.rec.info;
+  a.failed_starts = 0;
   info.state = "alive";
   info.reason.clear();
   info.worker = worker;
@@ -512,7 +519,7 @@ Result<void> HeadActor::handle(const WatchActors& m) {
   return {};
 }
 
-void HeadActor::actor_failed(const std::string& id, const std::string& why) {
+void HeadActor::actor_failed(const std::string& id, const std::string& why, std::chrono::milliseconds delay) {
   auto it = actors_.find(id);
   if (it == actors_.end() || it->second.rec.info.state == "dead") return;
   ClusterActor& a = it->second;
@@ -534,6 +541,17 @@ void HeadActor::actor_failed(const std::string& id, const std::string& why) {
   }
   TROUPE_LOG(info, "event=actor_restarting actor={} restarts={} reason=\"{}\"", id, a.rec.info.restarts, why);
   tell_watchers(a);
+  if (delay.count() > 0) {
+    const uint64_t attempt = a.attempt;
+    after(delay, [this, id, attempt] {
+      // Unless it was killed, or placed again some other way, meanwhile.
+      if (auto again = actors_.find(id); again != actors_.end() && again->second.attempt == attempt &&
+                                         again->second.rec.info.state == "restarting") {
+        schedule_actor(id);
+      }
+    });
+    return;
+  }
   schedule_actor(id);
 }
 

@@ -111,7 +111,8 @@ Deferred<Location> WorkerActor::handle(const CreateActor& m) {
     if (!it->second.started) {
       // Gone before its start was answered: the start failed (its creation's
       // answer says why; the head records it, with no exit to report).
-      start_ended(id, it->second, Status(ErrorCode::start_failed, d.reason.to_string()));
+      start_ended(id, it->second,
+                  Status(ErrorCode::start_failed, d.reason.message.empty() ? d.reason.to_string() : d.reason.message));
       return;
     }
     actors_.erase(it);
@@ -127,9 +128,12 @@ Deferred<Location> WorkerActor::handle(const CreateActor& m) {
 }
 
 void WorkerActor::handle(const HostedStarted& m) {
+  // A failed start is answered when the actor's end arrives (the monitor
+  // above): its reason is the bare one, and it always comes.
+  if (!m.ok) return;
   auto it = actors_.find(m.actor_id);
   if (it == actors_.end() || it->second.where.id != m.ref_id || it->second.started) return;
-  start_ended(m.actor_id, it->second, m.ok ? Status() : Status(ErrorCode::start_failed, m.why));
+  start_ended(m.actor_id, it->second, Status());
 }
 
 void WorkerActor::start_ended(const std::string& id, Hosted& h, const Status& outcome) {
