@@ -101,6 +101,18 @@ class Fragile : public troupe::Actor<Fragile, Total, Crash> {
   void handle(const Crash&) { fail("asked to crash"); }
 };
 
+/// Polls the head until it no longer lists the actor as living (its answer
+/// is then the error saying why), or `within` passes (the last record).
+troupe::Result<troupe::ActorInfo> dead_for_good(const troupe::ClusterClient& c, const std::string& id,
+                                                std::chrono::milliseconds within) {
+  const auto deadline = std::chrono::steady_clock::now() + within;
+  for (;;) {
+    auto info = c.actor(id);
+    if (!info || std::chrono::steady_clock::now() > deadline) return info;
+    std::this_thread::sleep_for(10ms);  // polling the head
+  }
+}
+
 /// Polls the head until the actor is alive again (after a restart) and
 /// returns its record; the head answers as soon as it is.
 troupe::ActorInfo alive_again(const troupe::ClusterClient& c, const std::string& id, uint32_t restarts) {
@@ -197,12 +209,7 @@ TEST_CASE("cluster actors: a crash restarts it up to max_restarts, then it is de
   CHECK(second.ask(Total{}).get().value() == 4);  // the snapshot taken before the crash
   CHECK_FALSE(second.ask(Crash{}).get().has_value());
   // Restarts used up: dead, and the head says why.
-  troupe::Result<troupe::ActorInfo> gone = troupe::error(ErrorCode::timeout, "not yet");
-  for (int i = 0; i < 500; ++i) {
-    gone = cluster.actor(info.id);
-    if (!gone) break;
-    std::this_thread::sleep_for(10ms);  // polling the head
-  }
+  troupe::Result<troupe::ActorInfo> gone = dead_for_good(cluster, info.id, 5s);
   REQUIRE_FALSE(gone.has_value());
   CHECK(gone.error().code() == ErrorCode::actor_dead);
   CHECK_THAT(gone.error().message(), Catch::Contains("crashed") && Catch::Contains("max_restarts"));
@@ -243,12 +250,7 @@ TEST_CASE("cluster actors: restarts whose constructor throws back off, count aga
   std::ofstream(marker) << "gone";
   const auto start = std::chrono::steady_clock::now();
   CHECK_FALSE(ref.ask(Crash{}).get().has_value());
-  troupe::Result<troupe::ActorInfo> gone = troupe::error(ErrorCode::timeout, "not yet");
-  for (int i = 0; i < 2000; ++i) {
-    gone = cluster.actor(info.id);
-    if (!gone) break;
-    std::this_thread::sleep_for(10ms);  // polling the head
-  }
+  troupe::Result<troupe::ActorInfo> gone = dead_for_good(cluster, info.id, 20s);
   const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   std::filesystem::remove(marker);
   REQUIRE_FALSE(gone.has_value());

@@ -6,8 +6,6 @@
 #include <stdlib.h>
 
 #include <cstdio>
-#include <optional>
-#include <atomic>
 #include <future>
 #include <thread>
 
@@ -72,17 +70,23 @@ Deferred<Location> WorkerActor::handle(const CreateActor& m) {
     if (h) (void)h.tell(SaveSnapshot{id, bytes});
   };
   // The constructor runs on the actor's own first start, not on this
-  // thread (a slow one would hold every other creation and stop here); its
-  // outcome comes back as HostedStarted. The ref id is known only once the
-  // spawn returns, so the outcome carries it through a shared cell.
-  auto ref_id = std::make_shared<std::atomic<uint64_t>>(0);
-  auto outcome = std::make_shared<std::optional<Status>>();
-  auto mu = std::make_shared<std::mutex>();
+  // thread (a slow one would hold every other creation and stop here). A
+  // start that succeeded comes back as HostedStarted; one that failed as
+  // the actor's end (the monitor below), with the bare reason. The ref id
+  // is known only once the spawn returns: whichever of the two comes second
+  // sends the message.
+  struct StartSignal {
+    std::mutex mu;
+    uint64_t ref_id = 0;
+    bool started = false;
+  };
+  auto signal = std::make_shared<StartSignal>();
   AnyRef me = self();
-  AnyRef ref(detail::spawn_from_spec(*rt_, std::move(*spec), [me, id, ref_id, outcome, mu](Status s) {
-    std::lock_guard<std::mutex> lock(*mu);
-    *outcome = s;
-    if (const uint64_t rid = ref_id->load(); rid != 0) (void)me.tell(HostedStarted{id, rid, s.ok(), s.message()});
+  AnyRef ref(detail::spawn_from_spec(*rt_, std::move(*spec), [me, id, signal](Status s) {
+    if (!s.ok()) return;
+    std::lock_guard<std::mutex> lock(signal->mu);
+    signal->started = true;
+    if (signal->ref_id != 0) (void)me.tell(HostedStarted{id, signal->ref_id});
   }));
   if (!ref) {
     reply.fail(Status(ErrorCode::shutting_down, "worker " + worker_id_ + " is shutting down"));
@@ -101,9 +105,9 @@ Deferred<Location> WorkerActor::handle(const CreateActor& m) {
   hosted.waiting.push_back(reply);
   {
     // The start may have ended already (on another thread): then say so here.
-    std::lock_guard<std::mutex> lock(*mu);
-    ref_id->store(loc.id);
-    if (*outcome) (void)self().tell(HostedStarted{id, loc.id, (*outcome)->ok(), (*outcome)->message()});
+    std::lock_guard<std::mutex> lock(signal->mu);
+    signal->ref_id = loc.id;
+    if (signal->started) (void)self().tell(HostedStarted{id, loc.id});
   }
   monitor(ref, [this, id, loc](const Down& d) {
     auto it = actors_.find(id);
@@ -128,9 +132,6 @@ Deferred<Location> WorkerActor::handle(const CreateActor& m) {
 }
 
 void WorkerActor::handle(const HostedStarted& m) {
-  // A failed start is answered when the actor's end arrives (the monitor
-  // above): its reason is the bare one, and it always comes.
-  if (!m.ok) return;
   auto it = actors_.find(m.actor_id);
   if (it == actors_.end() || it->second.where.id != m.ref_id || it->second.started) return;
   start_ended(m.actor_id, it->second, Status());

@@ -17,14 +17,12 @@
 
 namespace troupe::cluster {
 
-/// A hosted actor's first start ended (sent by the worker to itself from
-/// the actor's start; internal).
+/// A hosted actor's first start succeeded (sent by the worker to itself
+/// from the actor's start; internal). A failed start shows as its end.
 struct HostedStarted {
   std::string actor_id;
   uint64_t ref_id = 0;
-  bool ok = false;
-  std::string why;
-  TROUPE_MESSAGE_NAMED(HostedStarted, "troupe.worker.HostedStarted", actor_id, ref_id, ok, why);
+  TROUPE_MESSAGE_NAMED(HostedStarted, "troupe.worker.HostedStarted", actor_id, ref_id);
 };
 
 class WorkerActor final : public Actor<WorkerActor, CreateActor, StopActor, AdoptWorker, HostedStarted> {
