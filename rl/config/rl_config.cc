@@ -263,6 +263,14 @@ Status RlConfig::validate() const {
   } else if (trainer.precision != model::MatmulPrecision::fp32) {
     return bad(source, "'trainer.precision' is for 'trainer.device' \"cuda\" only (the CPU model is float32)");
   }
+  if (rollout.device == Device::cuda) {
+    if (rollout.batch_invariant) {
+      return bad(source, "'rollout.batch_invariant' must be false with 'rollout.device' \"cuda\" (cuBLAS picks its "
+                         "reduction order by shape, so a sample's last bits depend on its batch); or use \"cpu\"");
+    }
+  } else if (rollout.precision != model::MatmulPrecision::fp32) {
+    return bad(source, "'rollout.precision' is for 'rollout.device' \"cuda\" only (the CPU model is float32)");
+  }
   if (run.mode == Mode::async && run.placement == Placement::colocated) {
     return bad(source, "'run.mode' \"async\" needs 'run.placement' \"disaggregated\" (colocated meshes take turns)");
   }
@@ -401,6 +409,9 @@ Result<RlConfig> parse_rl_config(std::string_view text, std::string_view source_
     r.count("max_sequences", o.max_sequences, 1, 65536);
     r.count("groups_in_flight", o.groups_in_flight, 1, 4096);
     r.boolean("batch_invariant", o.batch_invariant);
+    r.choice("device", o.device, kDevices);
+    r.choice("precision", o.precision, kPrecisions);
+    r.number("gpus_per_engine", o.gpus_per_engine, 0.01, 64);
     // Larger single reads stall a worker's transport past its heartbeats (see docs/rl.md).
     r.count("sync_bucket_bytes", o.sync_bucket_bytes, 4096, size_t{64} << 20);
     r.count("sync_reads_in_flight", o.sync_reads_in_flight, 1, 64);
@@ -516,6 +527,9 @@ std::string rl_config_json(const RlConfig& c) {
                   {"max_sequences", c.rollout.max_sequences},
                   {"groups_in_flight", c.rollout.groups_in_flight},
                   {"batch_invariant", c.rollout.batch_invariant},
+                  {"device", name_of(kDevices, c.rollout.device)},
+                  {"precision", name_of(kPrecisions, c.rollout.precision)},
+                  {"gpus_per_engine", c.rollout.gpus_per_engine},
                   {"sync_bucket_bytes", c.rollout.sync_bucket_bytes},
                   {"sync_reads_in_flight", c.rollout.sync_reads_in_flight}};
   j["reward"] = {{"workers", c.reward.workers}, {"sandboxes", c.reward.sandboxes}};

@@ -140,6 +140,9 @@ struct AlgorithmConfig {
   size_t epochs = 1, mini_batches = 1;
 };
 
+/// Where a mesh's model computes (trainer.device, rollout.device).
+enum class Device : uint8_t { cpu, cuda };
+
 /// [trainer]: the data-parallel trainer mesh.
 struct TrainerConfig {
   size_t ranks = 1;
@@ -153,7 +156,8 @@ struct TrainerConfig {
   /// or a CUDA GPU (model/device_model.h; the optimizer, the gradient
   /// allreduce and checkpoints stay on the host). Rank r takes device
   /// r modulo the GPUs its process sees.
-  enum class Device : uint8_t { cpu, cuda } device = Device::cpu;
+  using Device = config::Device;
+  Device device = Device::cpu;
   /// cuda: how the GPU multiplies matrices (float32, TF32 tensor cores,
   /// or bfloat16 products with float32 accumulation).
   model::MatmulPrecision precision = model::MatmulPrecision::fp32;
@@ -177,6 +181,17 @@ struct RolloutConfig {
   /// same bits every run, and a resumed one the steps it would have taken.
   /// Off: faster decoding on larger models, reproducible to ~1e-7.
   bool batch_invariant = true;
+  /// Where each engine decodes: the CPU (its `threads`), or a CUDA GPU
+  /// (make_device_decoder: the KV cache and the weights on the device,
+  /// sampling on the host). cuda needs batch_invariant false: cuBLAS picks
+  /// its reduction order by shape, so a row's last bits depend on its batch.
+  Device device = Device::cpu;
+  /// cuda: how the GPU multiplies matrices.
+  model::MatmulPrecision precision = model::MatmulPrecision::fp32;
+  /// cuda: GPUs each engine reserves in its placement group (below 1:
+  /// engines share a GPU); colocated, a rank's process reserves the larger
+  /// of this and trainer.gpus_per_rank.
+  double gpus_per_engine = 1;
   /// Weight sync moves the parameters in buckets of this many bytes, this
   /// many reads in flight per engine.
   size_t sync_bucket_bytes = 4u << 20;

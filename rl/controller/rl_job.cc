@@ -141,7 +141,10 @@ Result<Meshes> start_meshes(Runtime& rt, const ClusterClient& cluster, const con
                             const std::string& text, const std::shared_ptr<FaultInbox>& inbox) {
   Meshes m;
   const ActorOptions restart{.max_restarts = -1};
-  const double trainer_gpus = c.trainer.device == config::TrainerConfig::Device::cuda ? c.trainer.gpus_per_rank : 0;
+  const double engine_gpus = c.rollout.device == config::Device::cuda ? c.rollout.gpus_per_engine : 0;
+  double trainer_gpus = c.trainer.device == config::Device::cuda ? c.trainer.gpus_per_rank : 0;
+  // Colocated, an engine shares its rank's process and so its GPUs.
+  if (c.run.placement == config::Placement::colocated) trainer_gpus = std::max(trainer_gpus, engine_gpus);
   auto trainer_procs =
       make_procs(cluster, m, "ranks", c.trainer.ranks, static_cast<double>(c.trainer.threads), trainer_gpus);
   if (!trainer_procs) return error(trainer_procs.error());
@@ -150,7 +153,7 @@ Result<Meshes> start_meshes(Runtime& rt, const ClusterClient& cluster, const con
   m.trainers = *trainers;
   std::optional<ProcMesh> rollout_procs = trainer_procs.value();
   if (c.run.placement == config::Placement::disaggregated) {
-    auto p = make_procs(cluster, m, "engines", c.rollout.engines, static_cast<double>(c.rollout.threads));
+    auto p = make_procs(cluster, m, "engines", c.rollout.engines, static_cast<double>(c.rollout.threads), engine_gpus);
     if (!p) return error(p.error());
     rollout_procs = *p;
   }
@@ -1037,6 +1040,13 @@ Result<JobResult> Job::run() {
     auto infos = trainer_infos();
     if (!infos) return error(infos.error());
     for (size_t r = 0; r < infos->size(); ++r) say("trainer rank " + std::to_string(r) + " on " + (*infos)[r].device);
+  }
+  if (c_.rollout.device != config::Device::cpu) {
+    for (size_t e = 0; e < meshes_.engines->size(); ++e) {
+      auto r = meshes_.engines->member(e).ask(rollout::GetEngineReport{}, timeout_).get();
+      if (!r) return error(r.error().code(), "rl job: rollout engine " + std::to_string(e) + ": " + r.error().message());
+      say("rollout engine " + std::to_string(e) + " on " + r->device);
+    }
   }
   if (noted_fault_) fault(noted_fault_->first, noted_fault_->second, 0);
   log({{"event", "run"},

@@ -10,11 +10,13 @@ namespace {
 
 constexpr const char* kCudaLibrary = "libtroupe_rl_cuda.so.0";
 
-using MakeCuda = decltype(&troupe_rl_make_cuda_device_model);
+using MakeCudaModel = decltype(&troupe_rl_make_cuda_device_model);
+using MakeCudaDecoder = decltype(&troupe_rl_make_cuda_decoder);
 
 struct Loaded {
-  MakeCuda make = nullptr;
-  std::string why;  // when make is null
+  MakeCudaModel make_model = nullptr;
+  MakeCudaDecoder make_decoder = nullptr;
+  std::string why;  // when the entry points are null
 };
 
 // The CUDA library's entry point, loaded once per process. It is looked
@@ -40,30 +42,50 @@ const Loaded& cuda_library() {
         errors += std::string(errors.empty() ? "" : "; ") + (e != nullptr ? e : path);
         continue;
       }
-      if (void* sym = dlsym(handle, "troupe_rl_make_cuda_device_model"); sym != nullptr) {
-        loaded.make = reinterpret_cast<MakeCuda>(sym);
+      void* model = dlsym(handle, "troupe_rl_make_cuda_device_model");
+      void* decoder = dlsym(handle, "troupe_rl_make_cuda_decoder");
+      if (model != nullptr && decoder != nullptr) {
+        loaded.make_model = reinterpret_cast<MakeCudaModel>(model);
+        loaded.make_decoder = reinterpret_cast<MakeCudaDecoder>(decoder);
         return;
       }
-      errors += "; " + path + " has no troupe_rl_make_cuda_device_model";
+      errors += "; " + path + " lacks troupe_rl_make_cuda_device_model or troupe_rl_make_cuda_decoder (an older build?)";
     }
     loaded.why = errors;
   });
   return loaded;
 }
 
+// The loaded library, or why there is none.
+Result<const Loaded*> cuda_entry_points(const char* what) {
+  const Loaded& lib = cuda_library();
+  if (lib.make_model != nullptr) return &lib;
+  return error(ErrorCode::unsupported, std::string(what) + ": the CUDA model is not in this build (" + lib.why +
+                                           "); build troupe where the CUDA toolkit is (/usr/local/cuda), or run on "
+                                           "the CPU");
+}
+
 }  // namespace
 
 Result<std::unique_ptr<DeviceModel>> make_device_model(const GptConfig& config, const DeviceModelOptions& options) {
   if (Status s = config.validate(); !s.ok()) return error(s);
-  const Loaded& lib = cuda_library();
-  if (lib.make == nullptr) {
-    return error(ErrorCode::unsupported,
-                 std::string("device model: the CUDA model is not in this build (") + lib.why +
-                     "); build troupe where the CUDA toolkit is (/usr/local/cuda), or train on the CPU");
-  }
+  auto lib = cuda_entry_points("device model");
+  if (!lib) return error(lib.error());
   std::unique_ptr<DeviceModel> out;
   Status why;
-  if (lib.make(&config, &options, &out, &why) != 0) return error(why);
+  if ((*lib)->make_model(&config, &options, &out, &why) != 0) return error(why);
+  return out;
+}
+
+Result<std::unique_ptr<Decoder>> make_device_decoder(const GptConfig& config, size_t slots,
+                                                     const DeviceModelOptions& options) {
+  if (Status s = config.validate(); !s.ok()) return error(s);
+  if (slots == 0) return error(ErrorCode::invalid_argument, "device decoder: zero slots; give it at least one");
+  auto lib = cuda_entry_points("device decoder");
+  if (!lib) return error(lib.error());
+  std::unique_ptr<Decoder> out;
+  Status why;
+  if ((*lib)->make_decoder(&config, slots, &options, &out, &why) != 0) return error(why);
   return out;
 }
 

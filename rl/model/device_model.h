@@ -10,6 +10,10 @@
 //   dev->forward(tokens, targets, B, T, losses);   // B*T -log p(target)
 //   dev->backward(dlosses, gpt.grads());           // d sum(dlosses*losses) / d params
 //
+// make_device_decoder gives the inference path on a device: a Decoder
+// (decoder.h) whose KV cache, weights and steps live there, for the
+// rollout engines.
+//
 // The CUDA model lives in its own library (libtroupe_rl_cuda, built where
 // the CUDA toolkit is): make_device_model loads it when first asked for, so
 // a CPU-only process never needs the CUDA libraries, and a machine without
@@ -24,6 +28,7 @@
 #include <string>
 
 #include "model/config.h"
+#include "model/decoder.h"
 #include "troupe/status.h"
 
 namespace troupe::rl::model {
@@ -77,10 +82,20 @@ class DeviceModel {
 /// to allocate.
 Result<std::unique_ptr<DeviceModel>> make_device_model(const GptConfig& config, const DeviceModelOptions& options);
 
-/// The entry point libtroupe_rl_cuda exports for make_device_model (a C
-/// name, so that dlsym finds it). Returns 0 and sets `out`, or returns
-/// nonzero and sets `why`.
+/// A Decoder of `slots` sequences for models of `config`, on the device
+/// `options` name (its `rank` picks the device as for a DeviceModel). Its
+/// memory, 2 * layers * slots * context_length * channels floats of cache
+/// plus the weights, is allocated here. Errors as make_device_model's, and
+/// invalid_argument for zero slots.
+Result<std::unique_ptr<Decoder>> make_device_decoder(const GptConfig& config, size_t slots,
+                                                     const DeviceModelOptions& options);
+
+/// The entry points libtroupe_rl_cuda exports for make_device_model and
+/// make_device_decoder (C names, so that dlsym finds them). Each returns 0
+/// and sets `out`, or returns nonzero and sets `why`.
 extern "C" int troupe_rl_make_cuda_device_model(const GptConfig* config, const DeviceModelOptions* options,
                                                 std::unique_ptr<DeviceModel>* out, Status* why);
+extern "C" int troupe_rl_make_cuda_decoder(const GptConfig* config, size_t slots, const DeviceModelOptions* options,
+                                           std::unique_ptr<Decoder>* out, Status* why);
 
 }  // namespace troupe::rl::model

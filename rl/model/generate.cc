@@ -37,10 +37,23 @@ Status check_cache(const Gpt<float>& model, const KvCache& cache) {
 Result<std::vector<Completion>> generate(const Gpt<float>& model, KvCache& cache,
                                          std::span<const std::vector<int32_t>> prompts,
                                          const SamplingParams& params) {
-  const GptConfig& c = model.config();
+  if (Status s = check_cache(model, cache); !s.ok()) return error(s);
+  if (Status s = cache.set_weights(model); !s.ok()) return error(s);
+  return generate(cache, prompts, params);
+}
+
+Result<std::vector<std::vector<float>>> score(const Gpt<float>& model, KvCache& cache,
+                                              std::span<const std::vector<int32_t>> sequences) {
+  if (Status s = check_cache(model, cache); !s.ok()) return error(s);
+  if (Status s = cache.set_weights(model); !s.ok()) return error(s);
+  return score(cache, sequences);
+}
+
+Result<std::vector<Completion>> generate(Decoder& cache, std::span<const std::vector<int32_t>> prompts,
+                                         const SamplingParams& params) {
+  const GptConfig& c = cache.config();
   const size_t V = c.vocab_size;
   if (Status s = params.validate(); !s.ok()) return error(s);
-  if (Status s = check_cache(model, cache); !s.ok()) return error(s);
   if (Status s = check_sequences(prompts, c.context_length - 1, V, "prompt"); !s.ok()) return error(s);
 
   std::vector<Completion> out(prompts.size());
@@ -66,7 +79,7 @@ Result<std::vector<Completion>> generate(const Gpt<float>& model, KvCache& cache
       if (params.max_new_tokens > 0) live.push_back(i);
     }
     logits.resize(rows.size() * V);
-    if (Status s = cache.append(model, rows, logits.data()); !s.ok()) return error(s);
+    if (Status s = cache.append(rows, logits.data()); !s.ok()) return error(s);
     std::vector<const float*> next_logits(n);
     for (size_t i = 0; i < n; ++i) next_logits[i] = logits.data() + last_row[i] * V;
 
@@ -96,18 +109,16 @@ Result<std::vector<Completion>> generate(const Gpt<float>& model, KvCache& cache
       live = std::move(still);
       if (live.empty()) break;
       step_logits.resize(rows.size() * V);
-      if (Status s = cache.append(model, rows, step_logits.data()); !s.ok()) return error(s);
+      if (Status s = cache.append(rows, step_logits.data()); !s.ok()) return error(s);
       for (size_t r = 0; r < live.size(); ++r) next_logits[live[r]] = step_logits.data() + r * V;
     }
   }
   return out;
 }
 
-Result<std::vector<std::vector<float>>> score(const Gpt<float>& model, KvCache& cache,
-                                              std::span<const std::vector<int32_t>> sequences) {
-  const GptConfig& c = model.config();
+Result<std::vector<std::vector<float>>> score(Decoder& cache, std::span<const std::vector<int32_t>> sequences) {
+  const GptConfig& c = cache.config();
   const size_t V = c.vocab_size;
-  if (Status s = check_cache(model, cache); !s.ok()) return error(s);
   if (Status s = check_sequences(sequences, c.context_length, V, "sequence"); !s.ok()) return error(s);
   std::vector<std::vector<float>> out(sequences.size());
   std::vector<DecodeRow> rows;
@@ -120,7 +131,7 @@ Result<std::vector<std::vector<float>>> score(const Gpt<float>& model, KvCache& 
       for (int32_t t : sequences[wave + i]) rows.push_back({static_cast<uint32_t>(i), t});
     }
     logits.resize(rows.size() * V);
-    if (Status s = cache.append(model, rows, logits.data()); !s.ok()) return error(s);
+    if (Status s = cache.append(rows, logits.data()); !s.ok()) return error(s);
     size_t row = 0;
     for (size_t i = 0; i < n; ++i) {
       const std::vector<int32_t>& seq = sequences[wave + i];

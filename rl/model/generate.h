@@ -1,4 +1,5 @@
-// Batched generation and scoring over the KV cache (kv_cache.h).
+// Batched generation and scoring over a Decoder (decoder.h): the CPU's KV
+// cache (kv_cache.h) or a device's.
 //
 // generate() prefills every prompt in one step (all prompt tokens of all
 // sequences as rows), then decodes one token per live sequence per step,
@@ -19,6 +20,7 @@
 #include <span>
 #include <vector>
 
+#include "model/decoder.h"
 #include "model/gpt.h"
 #include "model/kv_cache.h"
 #include "model/sampler.h"
@@ -60,5 +62,11 @@ Result<std::vector<Completion>> generate(const Gpt<float>& model, KvCache& cache
 /// as generate() does. Errors as generate().
 Result<std::vector<std::vector<float>>> score(const Gpt<float>& model, KvCache& cache,
                                               std::span<const std::vector<int32_t>> sequences);
+
+/// generate() with the weights `decoder` was last given (set_weights).
+Result<std::vector<Completion>> generate(Decoder& decoder, std::span<const std::vector<int32_t>> prompts,
+                                         const SamplingParams& params);
+/// score() with the weights `decoder` was last given (set_weights).
+Result<std::vector<std::vector<float>>> score(Decoder& decoder, std::span<const std::vector<int32_t>> sequences);
 
 }  // namespace troupe::rl::model

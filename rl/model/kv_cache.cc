@@ -37,15 +37,20 @@ void KvCache::size_scratch(size_t n) {
   scores_.resize(config_.context_length);
 }
 
+Status KvCache::set_weights(const Gpt<float>& model) {
+  if (Status s = check_decoder_shape(config_, model); !s.ok()) return s;
+  model_ = &model;
+  return {};
+}
+
 Status KvCache::append(const Gpt<float>& model, std::span<const DecodeRow> rows, float* logits) {
-  // The value head reads nothing from the cache: a policy's cache serves
-  // the same policy with a head.
-  GptConfig shape = model.config();
-  shape.value_head = config_.value_head;
-  if (!(shape == config_)) {
-    return Status(ErrorCode::invalid_argument,
-                  "kv cache: the model's shape differs from the one this cache was made for; make a cache from the "
-                  "model's config");
+  if (Status s = set_weights(model); !s.ok()) return s;
+  return append(rows, logits);
+}
+
+Status KvCache::append(std::span<const DecodeRow> rows, float* logits) {
+  if (model_ == nullptr) {
+    return Status(ErrorCode::invalid_argument, "kv cache: no weights; call set_weights(model) first");
   }
   const size_t n = rows.size();
   if (n == 0) return {};
@@ -53,27 +58,9 @@ Status KvCache::append(const Gpt<float>& model, std::span<const DecodeRow> rows,
   size_scratch(n);
   // Check every row and give it its position before caching anything, so a
   // bad row leaves the cache as it was.
-  std::vector<size_t> next(lengths_);
-  for (size_t i = 0; i < n; ++i) {
-    const DecodeRow& r = rows[i];
-    if (r.slot >= slots()) {
-      return Status(ErrorCode::invalid_argument, "kv cache: row " + std::to_string(i) + " names slot " +
-                                                     std::to_string(r.slot) + " of " + std::to_string(slots()));
-    }
-    if (r.token < 0 || static_cast<size_t>(r.token) >= V) {
-      return Status(ErrorCode::invalid_argument, "kv cache: row " + std::to_string(i) + " has token " +
-                                                     std::to_string(r.token) + " outside the vocabulary of " +
-                                                     std::to_string(V));
-    }
-    if (next[r.slot] >= config_.context_length) {
-      return Status(ErrorCode::invalid_argument, "kv cache: slot " + std::to_string(r.slot) + " is full (" +
-                                                 std::to_string(config_.context_length) +
-                                                 " positions, the context length); clear it or stop the sequence");
-    }
-    positions_[i] = next[r.slot]++;
-  }
-  lengths_ = std::move(next);
+  if (Status s = assign_positions(config_, rows, lengths_, positions_); !s.ok()) return s;
 
+  const Gpt<float>& model = *model_;
   const ParamLayout& layout = model.layout();
   const float* p = model.params();
   for (size_t i = 0; i < n; ++i) {

@@ -1,5 +1,6 @@
-// The policy model's inference path: a key/value cache of `slots`
-// sequences, and a step that appends tokens to any of them at once.
+// The policy model's inference path on the CPU: a key/value cache of
+// `slots` sequences, and a step that appends tokens to any of them at once
+// (the Decoder of decoder.h).
 //
 // A step takes rows (slot, token): each row's token goes at its slot's next
 // position, and the step returns the next-token logits of every row. The
@@ -14,51 +15,44 @@
 //   DecodeRow rows[] = {{0, bos}, {0, '1'}, {1, bos}};
 //   cache.append(model, rows, logits);   // logits: 3 rows of vocab_size
 //
+// The cache refers to the model of the last set_weights or append(model,
+// ...): the caller keeps it alive and unchanged while the cache uses it.
+//
 // Not thread-safe: one caller at a time (BLAS uses its own threads).
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "model/config.h"
+#include "model/decoder.h"
 #include "model/gpt.h"
 #include "troupe/status.h"
 
 namespace troupe::rl::model {
 
-/// One token to append: `token` goes at position length(slot) of `slot`.
-struct DecodeRow {
-  uint32_t slot = 0;
-  int32_t token = 0;
-};
-
 /// Keys and values of every layer for `slots` sequences of up to the
 /// context length, in float.
-class KvCache {
+class KvCache final : public Decoder {
  public:
   /// A cache for models of `config`, `slots` sequences (at least 1). Its
   /// memory is 2 * layers * slots * context_length * channels floats, all
   /// allocated here. Fails on a bad config or zero slots.
   static Result<KvCache> make(const GptConfig& config, size_t slots);
 
-  const GptConfig& config() const { return config_; }
-  size_t slots() const { return lengths_.size(); }
-  /// Tokens cached for `slot` (its next position).
-  size_t length(size_t slot) const { return lengths_[slot]; }
-  /// Forgets `slot`'s sequence (its next token goes at position 0).
-  void clear(size_t slot) { lengths_[slot] = 0; }
-  /// Forgets every sequence.
-  void clear_all();
-
-  /// Runs `model` on `rows` (in order; a slot may appear in several rows,
-  /// which then take consecutive positions) and writes each row's
-  /// next-token logits to `logits` (rows.size() x vocab_size); a value
-  /// head is not run. Errors, before anything is cached: a model of
-  /// another shape (with or without a value head is the same), a slot out of
-  /// range, a token outside the vocabulary, a slot that would pass the
-  /// context length.
+  std::string describe() const override { return "cpu"; }
+  const GptConfig& config() const override { return config_; }
+  size_t slots() const override { return lengths_.size(); }
+  size_t length(size_t slot) const override { return lengths_[slot]; }
+  void clear(size_t slot) override { lengths_[slot] = 0; }
+  void clear_all() override;
+  /// Refers to `model` (no copy).
+  Status set_weights(const Gpt<float>& model) override;
+  Status append(std::span<const DecodeRow> rows, float* logits) override;
+  /// set_weights(model), then append(rows, logits).
   Status append(const Gpt<float>& model, std::span<const DecodeRow> rows, float* logits);
 
   /// Batch-invariant (the default): a row's logits have the same bits
@@ -84,6 +78,7 @@ class KvCache {
   }
 
   GptConfig config_;
+  const Gpt<float>* model_ = nullptr;
   std::vector<float> keys_, values_;  // (layers, slots, context_length, C)
   std::vector<size_t> lengths_;       // per slot
   bool batch_invariant_ = true;

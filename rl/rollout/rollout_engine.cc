@@ -6,7 +6,9 @@
 
 #include <unistd.h>
 
+#include "model/device_model.h"
 #include "model/generate.h"
+#include "model/kv_cache.h"
 #include "model/threads.h"
 #include "tasks/draw.h"
 
@@ -35,10 +37,20 @@ RolloutEngine::RolloutEngine(std::string config_toml)
   if (!gpt) throw std::runtime_error("rollout engine: " + gpt.error().message());
   active_ = std::make_shared<model::Gpt<float>>(*gpt);
   standby_ = std::make_shared<model::Gpt<float>>(std::move(*gpt));
-  auto cache = model::KvCache::make(config_.model.shape, config_.rollout.max_sequences);
-  if (!cache) throw std::runtime_error("rollout engine: " + cache.error().message());
-  cache_.emplace(std::move(*cache));
-  cache_->set_batch_invariant(config_.rollout.batch_invariant);
+  if (config_.rollout.device == config::Device::cuda) {
+    auto dev = model::make_device_decoder(config_.model.shape, config_.rollout.max_sequences,
+                                          {.kind = model::DeviceKind::cuda, .precision = config_.rollout.precision});
+    if (!dev) throw std::runtime_error("rollout engine: 'rollout.device' \"cuda\": " + dev.error().message());
+    decoder_ = std::move(*dev);
+  } else {
+    auto cache = model::KvCache::make(config_.model.shape, config_.rollout.max_sequences);
+    if (!cache) throw std::runtime_error("rollout engine: " + cache.error().message());
+    cache->set_batch_invariant(config_.rollout.batch_invariant);
+    decoder_ = std::make_unique<model::KvCache>(std::move(*cache));
+  }
+  // Nothing decodes before the first sync (admit() waits for a version);
+  // the decoder starts with the zero weights all the same.
+  if (Status s = decoder_->set_weights(*active_); !s.ok()) throw std::runtime_error("rollout engine: " + s.message());
   for (size_t s = config_.rollout.max_sequences; s-- > 0;) free_slots_.push_back(static_cast<uint32_t>(s));
   const size_t V = config_.model.shape.vocab_size;
   scratch_.resize(V);
@@ -108,7 +120,7 @@ void RolloutEngine::admit() {
     queued_.pop_front();
     s.slot = free_slots_.back();
     free_slots_.pop_back();
-    cache_->clear(s.slot);
+    decoder_->clear(s.slot);
     s.fed = 0;
     live_.push_back(std::move(s));
   }
@@ -137,8 +149,11 @@ void RolloutEngine::handle(const EngineTick&) {
     last_row[i] = rows_.size() - 1;
   }
   logits_.resize(rows_.size() * V);
-  if (Status st = cache_->append(*active_, rows_, logits_.data()); !st.ok()) {
-    fail("rollout engine: decode step: " + st.message());  // inputs were checked: a broken invariant
+  if (Status st = decoder_->append(rows_, logits_.data()); !st.ok()) {
+    // Inputs were checked: a broken invariant, or a device fault (which
+    // leaves a CUDA context unusable). The driver requeues this engine's
+    // prompts and the engine restarts.
+    fail("rollout engine: decode step: " + st.message());
   }
   size_t tokens_out = 0;
   auto& still = still_;
@@ -224,25 +239,30 @@ void RolloutEngine::pump(const std::shared_ptr<SyncState>& st) {
       }
       if (st->next_offset < st->total_bytes) return pump(st);
       const uint32_t interrupted = static_cast<uint32_t>(live_.size());
-      switch_weights(st->weights.version);
       syncing_ = false;
+      if (Status s = switch_weights(st->weights.version); !s.ok()) {
+        return st->reply.fail(Status(s.code(), "rollout engine: weight sync to version " +
+                                                   std::to_string(st->weights.version) + " failed: " + s.message()));
+      }
       st->reply.complete(SyncReport{st->weights.version, st->total_bytes, seconds_since(st->start), interrupted});
     });
   }
 }
 
-void RolloutEngine::switch_weights(uint64_t version) {
+Status RolloutEngine::switch_weights(uint64_t version) {
+  if (Status s = decoder_->set_weights(*standby_); !s.ok()) return s;
   std::swap(active_, standby_);
   version_ = version;
   report_.version = version;
   // Sequences in flight go on with the new weights: their keys and values
   // are recomputed at the next step (a partial rollout).
   for (Sequence& s : live_) {
-    cache_->clear(s.slot);
+    decoder_->clear(s.slot);
     s.fed = 0;
   }
   admit();
   schedule_tick();
+  return {};
 }
 
 EngineReport RolloutEngine::handle(const GetEngineReport&) {
@@ -252,6 +272,7 @@ EngineReport RolloutEngine::handle(const GetEngineReport&) {
   r.queued = static_cast<uint32_t>(queued_.size());
   r.pid = static_cast<int64_t>(::getpid());
   r.checksum = tasks::fnv1a(active_->params(), active_->layout().total() * sizeof(float));
+  r.device = decoder_->describe();
   return r;
 }
 

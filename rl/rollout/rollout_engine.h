@@ -1,5 +1,6 @@
 // A generation engine of the rollout mesh: a copy of the policy's weights
-// with a version, a KV cache of `rollout.max_sequences` slots, and a decode
+// with a version, a KV cache of `rollout.max_sequences` slots (on the CPU,
+// or on a GPU with `rollout.device = "cuda"`: model/decoder.h), and a decode
 // loop with continuous batching: the engine runs one step at a time (one
 // token for every live sequence, a whole prompt for a new one), and the
 // messages that arrive in between, new prompt groups and new weights, take
@@ -35,7 +36,7 @@
 #include "config/rl_config.h"
 #include "model/generate.h"
 #include "model/gpt.h"
-#include "model/kv_cache.h"
+#include "model/decoder.h"
 #include "model/sampler.h"
 #include "trainer/trainer_rank.h"
 
@@ -110,7 +111,9 @@ struct EngineReport {
   /// FNV-1a over the weights in use (equal to the publisher's TrainerInfo
   /// checksum when the engine has its weights).
   uint64_t checksum = 0;
-  TROUPE_FIELDS(version, live, queued, tokens_generated, decode_steps, busy_seconds, pid, checksum);
+  /// Where it decodes (Decoder::describe): "cpu", "cuda:0 NVIDIA H100 ...".
+  std::string device;
+  TROUPE_FIELDS(version, live, queued, tokens_generated, decode_steps, busy_seconds, pid, checksum, device);
 };
 struct GetEngineReport {
   TROUPE_MESSAGE_NAMED(GetEngineReport, "troupe.rl.GetEngineReport");
@@ -156,7 +159,9 @@ class RolloutEngine : public Actor<RolloutEngine, Generate, SyncWeights, GetEngi
   // Moves queued sequences whose version is met into free slots.
   void admit();
   void finish(Sequence& s, model::StopReason why);
-  void switch_weights(uint64_t version);
+  // Decodes with the standby copy from now on. Errors: the decoder could
+  // not take the weights (a device's copy failed); nothing changed.
+  Status switch_weights(uint64_t version);
   // A sync in progress: its reads of the published buffer, in buckets.
   struct SyncState;
   void pump(const std::shared_ptr<SyncState>& st);
@@ -164,7 +169,7 @@ class RolloutEngine : public Actor<RolloutEngine, Generate, SyncWeights, GetEngi
   config::RlConfig config_;
   std::shared_ptr<model::Gpt<float>> active_, standby_;
   uint64_t version_ = kNoVersion;
-  std::optional<model::KvCache> cache_;
+  std::unique_ptr<model::Decoder> decoder_;
   std::deque<Sequence> queued_;
   std::vector<Sequence> live_;
   std::vector<uint32_t> free_slots_;

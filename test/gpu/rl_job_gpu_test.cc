@@ -1,8 +1,9 @@
-// The RL trainer on a GPU (trainer.device = "cuda", rl/model/device_model.h):
-// the device model that make_device_model loads from libtroupe_rl_cuda, a
-// PolicyTrainer step on it against the same step on the CPU, and the
-// README's main job with its trainer rank on the GPU learning as it does on
-// the CPU.
+// The RL job on a GPU (trainer.device and rollout.device = "cuda",
+// rl/model/device_model.h): the device model that make_device_model loads
+// from libtroupe_rl_cuda, a PolicyTrainer step on it against the same step
+// on the CPU, and the README's main job with its trainer rank and rollout
+// engine on the GPU (and with the trainer alone there) learning as it does
+// on the CPU.
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -99,14 +100,24 @@ TEST_CASE("gpu trainer: the CUDA device model's policy steps follow the CPU mode
   CHECK_FALSE(gpu.policy_step(too_long, loss).has_value());
 }
 
-TEST_CASE("gpu trainer: the main example with its trainer rank on the GPU learns arithmetic", "[gpu][rl][job]") {
+namespace {
+
+/// Runs the GPU example (with `from` replaced by `to` in its text) and checks that
+/// it learns, with the meshes on the devices `expect` names.
+void check_gpu_example_learns(const std::string& from, const std::string& to, const std::vector<std::string>& expect) {
   // A bundle run on another machine (scripts/gpu.sh) names where the
   // examples are there.
   const char* examples = std::getenv("TROUPE_EXAMPLES_DIR");
   std::ifstream in(std::string(examples != nullptr ? examples : TROUPE_EXAMPLES_DIR) + "/rl/arithmetic_grpo_cuda.toml");
   std::ostringstream text;
   text << in.rdbuf();
-  REQUIRE_FALSE(text.str().empty());
+  std::string config = text.str();
+  REQUIRE_FALSE(config.empty());
+  if (!from.empty()) {
+    const size_t at = config.find(from);
+    REQUIRE(at != std::string::npos);
+    config.replace(at, from.size(), to);
+  }
   const fs::path dir = fs::temp_directory_path() / ("troupe-rl-gpu-" + std::to_string(::getpid()));
   fs::create_directories(dir);
   troupe::InitOptions options;
@@ -117,17 +128,32 @@ TEST_CASE("gpu trainer: the main example with its trainer rank on the GPU learns
   o.run_dir = dir.string();
   std::vector<std::string> lines;
   o.progress = [&](const std::string& line) { lines.push_back(line); };
-  auto r = controller::run_rl_job((*s)->runtime(), (*s)->cluster(), text.str(), o);
+  auto r = controller::run_rl_job((*s)->runtime(), (*s)->cluster(), config, o);
   std::error_code ec;
   fs::remove_all(dir, ec);
   INFO((r ? std::string("ok") : r.error().to_string()));
   REQUIRE(r.has_value());
-  bool on_gpu = false;
-  for (const auto& l : lines) on_gpu |= l.find("trainer rank 0 on cuda:") != std::string::npos;
-  CHECK(on_gpu);
+  for (const auto& want : expect) {
+    bool seen = false;
+    for (const auto& l : lines) seen |= l.find(want) != std::string::npos;
+    INFO("a progress line with \"" << want << "\"");
+    CHECK(seen);
+  }
   REQUIRE(r->evals.size() >= 2);
   const double before = r->evals.front().second, after = r->evals.back().second;
   INFO("held-out accuracy " << before << " -> " << after);
   CHECK(after > 0.85);
   CHECK(after > before + 0.25);
+}
+
+}  // namespace
+
+TEST_CASE("gpu job: the main example with its trainer rank and rollout engine on the GPU learns arithmetic",
+          "[gpu][rl][job]") {
+  check_gpu_example_learns("", "", {"trainer rank 0 on cuda:", "rollout engine 0 on cuda:"});
+}
+
+TEST_CASE("gpu job: the main example with only its trainer rank on the GPU learns arithmetic", "[gpu][rl][job]") {
+  check_gpu_example_learns("device = \"cuda\"\nbatch_invariant = false", "device = \"cpu\"",
+                           {"trainer rank 0 on cuda:"});
 }

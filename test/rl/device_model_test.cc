@@ -160,8 +160,11 @@ TEST_CASE("device model: the CUDA model is made where a GPU is, and refused with
   CHECK(refused.error().code() == ErrorCode::invalid_argument);
 }
 
-TEST_CASE("rl job: trainer.device = cuda where the processes see no GPU fails at the start, with the reason",
-          "[rl][job]") {
+namespace {
+
+// Runs a 2-step job of `section` (a TOML table asking for a GPU) in a
+// cluster that offers a GPU its processes cannot see, and returns its error.
+std::string job_error_without_gpus(const std::string& section) {
   // The job's worker processes inherit this: CUDA shows them no device,
   // on a GPU machine too.
   struct HideGpus {
@@ -184,7 +187,7 @@ TEST_CASE("rl job: trainer.device = cuda where the processes see no GPU fails at
   auto s = troupe::init(options);
   REQUIRE(s.has_value());
   const std::string text =
-      "[run]\nsteps = 2\n[model]\ninit = \"random\"\n[trainer]\ndevice = \"cuda\"\n[algorithm]\nprompts_per_step = 2\n";
+      "[run]\nsteps = 2\n[model]\ninit = \"random\"\n[algorithm]\nprompts_per_step = 2\n" + section;
   controller::JobOptions o;
   o.run_dir = (std::filesystem::temp_directory_path() / ("troupe-rl-dev-" + std::to_string(::getpid()))).string();
   o.progress = [](const std::string&) {};
@@ -192,11 +195,50 @@ TEST_CASE("rl job: trainer.device = cuda where the processes see no GPU fails at
   std::error_code ec;
   std::filesystem::remove_all(o.run_dir, ec);
   REQUIRE_FALSE(r);
-  INFO(r.error().message());
+  return r.error().message();
+}
+
+}  // namespace
+
+TEST_CASE("rl job: trainer.device = cuda where the processes see no GPU fails at the start, with the reason",
+          "[rl][job]") {
+  const std::string why = job_error_without_gpus("[trainer]\ndevice = \"cuda\"\n");
+  INFO(why);
   // No GPU seen, or (a build without CUDA) no CUDA model at all.
-  CHECK_THAT(r.error().message(), Catch::Contains("trainer.device") &&
-                                      (Catch::Contains("no CUDA device") || Catch::Contains("not in this build")));
-  CHECK_THAT(r.error().message(), Catch::Contains("failed to start"));
+  CHECK_THAT(why, Catch::Contains("trainer.device") &&
+                      (Catch::Contains("no CUDA device") || Catch::Contains("not in this build")));
+  CHECK_THAT(why, Catch::Contains("failed to start"));
+}
+
+TEST_CASE("rl job: rollout.device = cuda where the processes see no GPU fails at the start, with the reason",
+          "[rl][job]") {
+  const std::string why = job_error_without_gpus("[rollout]\ndevice = \"cuda\"\nbatch_invariant = false\n");
+  INFO(why);
+  CHECK_THAT(why, Catch::Contains("rollout.device") &&
+                      (Catch::Contains("no CUDA device") || Catch::Contains("not in this build")));
+  CHECK_THAT(why, Catch::Contains("rollout mesh") && Catch::Contains("failed to start"));
+}
+
+TEST_CASE("device decoder: the CUDA decoder is made where a GPU is, and refused with what to use instead where none is",
+          "[rl][generate]") {
+  auto made = model::make_device_decoder(tiny(), 4, {.kind = model::DeviceKind::cuda});
+  if (made) {
+    CHECK_THAT((*made)->describe(), Catch::StartsWith("cuda:"));
+    CHECK((*made)->slots() == 4);
+  } else {
+    CHECK(made.error().code() == ErrorCode::unsupported);
+    CHECK_THAT(made.error().message(), Catch::Contains("rollout.device = \"cpu\"") ||
+                                           Catch::Contains("not in this build"));
+  }
+  // Bad configs and zero slots are refused before any device is looked for.
+  auto bad = tiny();
+  bad.heads = 3;
+  auto refused = model::make_device_decoder(bad, 4, {});
+  REQUIRE_FALSE(refused);
+  CHECK(refused.error().code() == ErrorCode::invalid_argument);
+  auto none = model::make_device_decoder(tiny(), 0, {});
+  REQUIRE_FALSE(none);
+  CHECK(none.error().code() == ErrorCode::invalid_argument);
 }
 
 TEST_CASE("rl config: trainer.device and trainer.precision are checked against what the device runs", "[rl][config]") {
@@ -213,6 +255,19 @@ TEST_CASE("rl config: trainer.device and trainer.precision are checked against w
   CHECK_THAT(refusal("[trainer]\nprecision = \"bf16\"\n"), Catch::Contains("'trainer.precision'"));
   CHECK_THAT(refusal("[trainer]\ndevice = \"cuda\"\nprecision = \"fp8\"\n"), Catch::Contains("'trainer.precision'"));
   CHECK_THAT(refusal("[trainer]\ndevice = \"cuda\"\ngpus_per_rank = 0\n"), Catch::Contains("'trainer.gpus_per_rank'"));
+  // The rollout engines' device: a GPU's products are not batch-invariant.
+  CHECK_THAT(refusal("[rollout]\ndevice = \"cuda\"\n"),
+             Catch::Contains("'rollout.batch_invariant'") && Catch::Contains("false"));
+  CHECK_THAT(refusal("[rollout]\ndevice = \"gpu\"\n"), Catch::Contains("'rollout.device'"));
+  CHECK_THAT(refusal("[rollout]\nprecision = \"tf32\"\n"), Catch::Contains("'rollout.precision'"));
+  CHECK_THAT(refusal("[rollout]\ndevice = \"cuda\"\nbatch_invariant = false\ngpus_per_engine = 100\n"),
+             Catch::Contains("'rollout.gpus_per_engine'"));
+  auto engines = config::parse_rl_config(
+      "[rollout]\ndevice = \"cuda\"\nbatch_invariant = false\nprecision = \"tf32\"\ngpus_per_engine = 0.25\n", "t");
+  REQUIRE(engines);
+  CHECK(engines->rollout.device == config::Device::cuda);
+  CHECK(engines->rollout.precision == model::MatmulPrecision::tf32);
+  CHECK(engines->rollout.gpus_per_engine == 0.25);
   auto ok = config::parse_rl_config("[trainer]\ndevice = \"cuda\"\nprecision = \"bf16\"\ngpus_per_rank = 0.5\n", "t");
   REQUIRE(ok);
   CHECK(ok->trainer.device == config::TrainerConfig::Device::cuda);

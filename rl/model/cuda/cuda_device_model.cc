@@ -1,8 +1,11 @@
-// The DeviceModel (device_model.h) of libtroupe_rl_cuda: a GptCuda, with
-// the host copies each step needs.
+// The DeviceModel and the Decoder (device_model.h) of libtroupe_rl_cuda:
+// a GptCuda, with the host copies each step needs.
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "model/cuda/gpt_cuda.h"
 #include "model/device_model.h"
@@ -19,6 +22,10 @@ const char* precision_name(MatmulPrecision p) {
   return "?";
 }
 
+MatmulPrecision precision_of(const GptCudaOptions& o) {
+  return o.bf16_matmuls ? MatmulPrecision::bf16 : o.tf32 ? MatmulPrecision::tf32 : MatmulPrecision::fp32;
+}
+
 class CudaDeviceModel final : public DeviceModel {
  public:
   CudaDeviceModel(GptCuda gpt, std::string name, int devices)
@@ -26,10 +33,7 @@ class CudaDeviceModel final : public DeviceModel {
 
   std::string describe() const override {
     return "cuda:" + std::to_string(gpt_.options().device) + " " + name_ + ", " +
-           precision_name(gpt_.options().bf16_matmuls ? MatmulPrecision::bf16
-                          : gpt_.options().tf32       ? MatmulPrecision::tf32
-                                                      : MatmulPrecision::fp32) +
-           " products";
+           precision_name(precision_of(gpt_.options())) + " products";
   }
   int device() const override { return gpt_.options().device; }
   int devices_seen() const override { return devices_; }
@@ -50,12 +54,71 @@ class CudaDeviceModel final : public DeviceModel {
   int devices_;
 };
 
-Result<std::unique_ptr<DeviceModel>> make(const GptConfig& config, const DeviceModelOptions& options) {
+// The KV cache on the device: the host keeps each slot's length
+// (assign_positions), the device the keys, values and weights.
+class CudaDecoder final : public Decoder {
+ public:
+  CudaDecoder(GptCuda gpt, std::string name, size_t slots)
+      : gpt_(std::move(gpt)), name_(std::move(name)), lengths_(slots, 0) {}
+
+  std::string describe() const override {
+    return "cuda:" + std::to_string(gpt_.options().device) + " " + name_ + ", " +
+           precision_name(precision_of(gpt_.options())) + " products";
+  }
+  const GptConfig& config() const override { return gpt_.config(); }
+  size_t slots() const override { return lengths_.size(); }
+  size_t length(size_t slot) const override { return lengths_[slot]; }
+  void clear(size_t slot) override { lengths_[slot] = 0; }
+  void clear_all() override { std::fill(lengths_.begin(), lengths_.end(), size_t{0}); }
+  Status set_weights(const Gpt<float>& model) override {
+    if (Status s = check_decoder_shape(config(), model); !s.ok()) return s;
+    // The policy's parameters come first in a value-head model's layout
+    // (ParamLayout::policy_count): the device takes those.
+    if (Status s = gpt_.upload_params(model.params()); !s.ok()) return s;
+    have_weights_ = true;
+    return {};
+  }
+  Status append(std::span<const DecodeRow> rows, float* logits) override {
+    if (!have_weights_) {
+      return Status(ErrorCode::invalid_argument, "cuda decoder: no weights; call set_weights(model) first");
+    }
+    if (rows.empty()) return {};
+    std::vector<size_t> lengths = lengths_;
+    if (Status s = assign_positions(config(), rows, lengths, positions_); !s.ok()) return s;
+    const size_t n = rows.size();
+    slot_ids_.resize(n);
+    position_ids_.resize(n);
+    tokens_.resize(n);
+    for (size_t i = 0; i < n; ++i) {
+      slot_ids_[i] = rows[i].slot;
+      position_ids_[i] = static_cast<uint32_t>(positions_[i]);
+      tokens_[i] = rows[i].token;
+    }
+    // A failed step leaves the lengths as they were (what it cached is
+    // overwritten by the next step at the same positions).
+    if (Status s = gpt_.decode(slot_ids_.data(), position_ids_.data(), tokens_.data(), n, logits); !s.ok()) return s;
+    lengths_ = std::move(lengths);
+    return {};
+  }
+
+ private:
+  GptCuda gpt_;
+  std::string name_;
+  std::vector<size_t> lengths_, positions_;
+  std::vector<uint32_t> slot_ids_, position_ids_;
+  std::vector<int32_t> tokens_;
+  bool have_weights_ = false;
+};
+
+// A GptCuda on the device `options` name, and the device's name.
+Result<std::pair<GptCuda, std::string>> make_gpt(const GptConfig& config, const DeviceModelOptions& options,
+                                                 const char* what, const char* cpu_instead, int* devices) {
   auto count = GptCuda::device_count();
   if (!count) {
-    return error(ErrorCode::unsupported, "device model: " + count.error().message() +
-                                             ": train on the CPU (trainer.device = \"cpu\"), or run where a GPU is");
+    return error(ErrorCode::unsupported,
+                 std::string(what) + ": " + count.error().message() + ": " + cpu_instead + ", or run where a GPU is");
   }
+  *devices = *count;
   const int device = options.device >= 0 ? options.device : static_cast<int>(options.rank % static_cast<size_t>(*count));
   auto gpt = GptCuda::make(config, {.device = device,
                                     .bf16_matmuls = options.precision == MatmulPrecision::bf16,
@@ -63,10 +126,39 @@ Result<std::unique_ptr<DeviceModel>> make(const GptConfig& config, const DeviceM
   if (!gpt) return error(gpt.error());
   cudaDeviceProp prop{};
   std::string name = cudaGetDeviceProperties(&prop, device) == cudaSuccess ? prop.name : "(unnamed device)";
-  return std::unique_ptr<DeviceModel>(new CudaDeviceModel(std::move(*gpt), std::move(name), *count));
+  return std::pair<GptCuda, std::string>(std::move(*gpt), std::move(name));
+}
+
+Result<std::unique_ptr<DeviceModel>> make(const GptConfig& config, const DeviceModelOptions& options) {
+  int devices = 0;
+  auto made = make_gpt(config, options, "device model", "train on the CPU (trainer.device = \"cpu\")", &devices);
+  if (!made) return error(made.error());
+  return std::unique_ptr<DeviceModel>(new CudaDeviceModel(std::move(made->first), std::move(made->second), devices));
+}
+
+Result<std::unique_ptr<Decoder>> make_decoder(const GptConfig& config, size_t slots,
+                                              const DeviceModelOptions& options) {
+  GptConfig policy = config;
+  policy.value_head = false;  // a decoder runs the policy alone
+  int devices = 0;
+  auto made = make_gpt(policy, options, "device decoder", "generate on the CPU (rollout.device = \"cpu\")", &devices);
+  if (!made) return error(made.error());
+  if (Status s = made->first.make_cache(slots); !s.ok()) return error(s);
+  return std::unique_ptr<Decoder>(new CudaDecoder(std::move(made->first), std::move(made->second), slots));
 }
 
 }  // namespace
+
+extern "C" int troupe_rl_make_cuda_decoder(const GptConfig* config, size_t slots, const DeviceModelOptions* options,
+                                           std::unique_ptr<Decoder>* out, Status* why) {
+  auto made = make_decoder(*config, slots, *options);
+  if (!made) {
+    *why = made.error();
+    return 1;
+  }
+  *out = std::move(*made);
+  return 0;
+}
 
 extern "C" int troupe_rl_make_cuda_device_model(const GptConfig* config, const DeviceModelOptions* options,
                                                 std::unique_ptr<DeviceModel>* out, Status* why) {

@@ -159,6 +159,18 @@ struct GptCuda::Impl {
   DeviceArray<float> dresidual, scratch_c, scratch_4c, datty, datt;
   DeviceArray<__nv_bfloat16> bf16_inp;   // (N,4C) a product's input, rounded
   DeviceArray<__nv_bfloat16> bf16_dout;  // (N, max(4C,V)) a product's output gradient, rounded
+  // params_bf16 holds the parameters as they are now (the training forward
+  // rounds them each time; decode rounds them when they changed).
+  bool bf16_current = false;
+
+  // The inference path: the cache, (layers, slots, context, C) each, and
+  // one decode step's buffers for up to decode_capacity rows.
+  size_t cache_slots = 0;
+  DeviceArray<float> keys, values;
+  size_t decode_capacity = 0;
+  DeviceArray<int32_t> decode_rows;  // (3n) slots, positions, tokens
+  DeviceArray<float> dec_x, dec_ln, dec_mean, dec_rstd, dec_qkv, dec_atty, dec_proj, dec_fch, dec_fch_gelu, dec_logits;
+  DeviceArray<__nv_bfloat16> dec_bf16;  // (n,4C) a product's input, rounded
 
   Impl() = default;
   Impl(const Impl&) = delete;
@@ -188,13 +200,16 @@ struct GptCuda::Impl {
   Status gemm_batched(cublasOperation_t ta, cublasOperation_t tb, size_t rows, size_t cols, size_t depth, float alpha,
                       const float* a, size_t lda, size_t stride_a, const float* b, size_t ldb, size_t stride_b,
                       float* out, size_t ldc, size_t stride_out, size_t batch, const char* what);
-  Status matmul_forward(float* out, const float* inp, size_t weight, size_t N, size_t C, size_t OC);
+  Status matmul_forward(float* out, const float* inp, size_t weight, size_t N, size_t C, size_t OC,
+                        __nv_bfloat16* rounded);
   Status matmul_backward(float* dinp, size_t weight, float* dbias, const float* dout, const float* inp, size_t N,
                          size_t C, size_t OC);
   Status attention_forward(LayerActs& a);
   Status attention_backward(float* dqkv, const float* dout, const LayerActs& a);
   Status run_forward();
   Status run_backward();
+  Status size_decode(size_t n);
+  Status run_decode(size_t n);
 };
 
 GptCuda::Impl::~Impl() {
@@ -371,13 +386,15 @@ Status GptCuda::Impl::gemm_batched(cublasOperation_t ta, cublasOperation_t tb, s
 }
 
 // out (N,OC) = inp (N,C) x W (OC,C)^T, W at params[weight]. No bias (the
-// callers fuse it into the next kernel).
-Status GptCuda::Impl::matmul_forward(float* out, const float* inp, size_t weight, size_t N, size_t C, size_t OC) {
+// callers fuse it into the next kernel). bf16: `rounded` (N*C) takes the
+// input's rounding.
+Status GptCuda::Impl::matmul_forward(float* out, const float* inp, size_t weight, size_t N, size_t C, size_t OC,
+                                     __nv_bfloat16* rounded) {
   Operand w{params.get() + weight, CUDA_R_32F}, x{inp, CUDA_R_32F};
   if (bf16()) {
-    GPT_CUDA_TRY(check(cuda::to_bf16(bf16_inp.get(), inp, N * C, stream), "rounding a matmul input"));
+    GPT_CUDA_TRY(check(cuda::to_bf16(rounded, inp, N * C, stream), "rounding a matmul input"));
     w = {params_bf16.get() + weight, CUDA_R_16BF};
-    x = {bf16_inp.get(), CUDA_R_16BF};
+    x = {rounded, CUDA_R_16BF};
   }
   return gemm(CUBLAS_OP_T, CUBLAS_OP_N, OC, N, C, 1.0f, w, C, x, C, 0.0f, out, OC, linear_compute(), "matmul forward");
 }
@@ -466,6 +483,7 @@ Status GptCuda::Impl::run_forward() {
   const int32_t* targets = inputs.get() + N;
   if (bf16()) {
     GPT_CUDA_TRY(check(cuda::to_bf16(params_bf16.get(), p, total(), stream), "rounding the parameters"));
+    bf16_current = true;
   }
   GPT_CUDA_TRY(check(cuda::encoder_forward(encoded.get(), tokens, p + layout.wte(), p + layout.wpe(), B, T, C, stream),
                      "encoder"));
@@ -476,19 +494,19 @@ Status GptCuda::Impl::run_forward() {
     GPT_CUDA_TRY(check(cuda::layernorm_forward(a.ln1.get(), a.ln1_mean.get(), a.ln1_rstd.get(), residual, p + o.ln1_w,
                                                p + o.ln1_b, N, C, stream),
                        "ln_1"));
-    GPT_CUDA_TRY(matmul_forward(a.qkv.get(), a.ln1.get(), o.qkv_w, N, C, 3 * C));
+    GPT_CUDA_TRY(matmul_forward(a.qkv.get(), a.ln1.get(), o.qkv_w, N, C, 3 * C, bf16_inp.get()));
     GPT_CUDA_TRY(check(cuda::add_bias(a.qkv.get(), p + o.qkv_b, N, 3 * C, stream), "qkv bias"));
     GPT_CUDA_TRY(attention_forward(a));
-    GPT_CUDA_TRY(matmul_forward(scratch_c.get(), a.atty.get(), o.proj_w, N, C, C));
+    GPT_CUDA_TRY(matmul_forward(scratch_c.get(), a.atty.get(), o.proj_w, N, C, C, bf16_inp.get()));
     GPT_CUDA_TRY(
         check(cuda::add_bias_residual(a.residual2.get(), residual, scratch_c.get(), p + o.proj_b, N, C, stream),
               "attention residual"));
     GPT_CUDA_TRY(check(cuda::layernorm_forward(a.ln2.get(), a.ln2_mean.get(), a.ln2_rstd.get(), a.residual2.get(),
                                                p + o.ln2_w, p + o.ln2_b, N, C, stream),
                        "ln_2"));
-    GPT_CUDA_TRY(matmul_forward(a.fch.get(), a.ln2.get(), o.fc_w, N, C, 4 * C));
+    GPT_CUDA_TRY(matmul_forward(a.fch.get(), a.ln2.get(), o.fc_w, N, C, 4 * C, bf16_inp.get()));
     GPT_CUDA_TRY(check(cuda::add_bias_gelu(a.fch.get(), a.fch_gelu.get(), p + o.fc_b, N, 4 * C, stream), "gelu"));
-    GPT_CUDA_TRY(matmul_forward(scratch_c.get(), a.fch_gelu.get(), o.fcproj_w, N, 4 * C, C));
+    GPT_CUDA_TRY(matmul_forward(scratch_c.get(), a.fch_gelu.get(), o.fcproj_w, N, 4 * C, C, bf16_inp.get()));
     GPT_CUDA_TRY(check(
         cuda::add_bias_residual(a.residual3.get(), a.residual2.get(), scratch_c.get(), p + o.fcproj_b, N, C, stream),
         "mlp residual"));
@@ -496,7 +514,7 @@ Status GptCuda::Impl::run_forward() {
   GPT_CUDA_TRY(check(cuda::layernorm_forward(lnf.get(), lnf_mean.get(), lnf_rstd.get(), acts.back().residual3.get(),
                                              p + layout.lnf_w(), p + layout.lnf_b(), N, C, stream),
                      "ln_f"));
-  GPT_CUDA_TRY(matmul_forward(logits.get(), lnf.get(), layout.lm_head(), N, C, V));
+  GPT_CUDA_TRY(matmul_forward(logits.get(), lnf.get(), layout.lm_head(), N, C, V, bf16_inp.get()));
   return check(cuda::crossentropy_forward(losses.get(), lse.get(), logits.get(), targets, N, V, stream),
                "cross-entropy");
 }
@@ -544,6 +562,76 @@ Status GptCuda::Impl::run_backward() {
   }
   return check(cuda::encoder_backward(g + layout.wte(), g + layout.wpe(), dresidual.get(), tokens, B, T, C, stream),
                "encoder backward");
+}
+
+Status GptCuda::Impl::size_decode(size_t n) {
+  if (n <= decode_capacity) return {};
+  const GptConfig& c = config();
+  const size_t C = c.channels, V = c.vocab_size;
+  GPT_CUDA_TRY(check(cudaStreamSynchronize(stream), "waiting before resizing the decode buffers"));
+  decode_capacity = 0;
+  const ErrorCode code = ErrorCode::invalid_argument;
+  GPT_CUDA_TRY(decode_rows.allocate(3 * n, "the decode rows", code));
+  GPT_CUDA_TRY(dec_x.allocate(n * C, "the decode residual", code));
+  GPT_CUDA_TRY(dec_ln.allocate(n * C, "the decode LayerNorm", code));
+  GPT_CUDA_TRY(dec_mean.allocate(n, "the decode LayerNorm mean", code));
+  GPT_CUDA_TRY(dec_rstd.allocate(n, "the decode LayerNorm rstd", code));
+  GPT_CUDA_TRY(dec_qkv.allocate(n * 3 * C, "the decode qkv", code));
+  GPT_CUDA_TRY(dec_atty.allocate(n * C, "the decode attention output", code));
+  GPT_CUDA_TRY(dec_proj.allocate(n * C, "the decode projection", code));
+  GPT_CUDA_TRY(dec_fch.allocate(n * 4 * C, "the decode MLP", code));
+  GPT_CUDA_TRY(dec_fch_gelu.allocate(n * 4 * C, "the decode GELU", code));
+  GPT_CUDA_TRY(dec_logits.allocate(n * V, "the decode logits", code));
+  if (bf16()) GPT_CUDA_TRY(dec_bf16.allocate(n * 4 * C, "the decode bf16 inputs", code));
+  decode_capacity = n;
+  return {};
+}
+
+// KvCache::append's computation (kv_cache.cc) on the device, for the n rows
+// staged in decode_rows.
+Status GptCuda::Impl::run_decode(size_t n) {
+  const GptConfig& c = config();
+  const size_t C = c.channels, V = c.vocab_size, Tmax = c.context_length;
+  const float* p = params.get();
+  const int32_t* rows = decode_rows.get();
+  __nv_bfloat16* rounded = dec_bf16.get();
+  if (bf16() && !bf16_current) {
+    GPT_CUDA_TRY(check(cuda::to_bf16(params_bf16.get(), p, total(), stream), "rounding the parameters"));
+    bf16_current = true;
+  }
+  GPT_CUDA_TRY(
+      check(cuda::decode_encoder(dec_x.get(), rows, p + layout.wte(), p + layout.wpe(), n, C, stream), "encoder"));
+  const size_t layer_floats = cache_slots * Tmax * C;
+  for (size_t l = 0; l < c.layers; ++l) {
+    const LayerOffsets& o = layout.layer(l);
+    float* k = keys.get() + l * layer_floats;
+    float* v = values.get() + l * layer_floats;
+    GPT_CUDA_TRY(check(cuda::layernorm_forward(dec_ln.get(), dec_mean.get(), dec_rstd.get(), dec_x.get(), p + o.ln1_w,
+                                               p + o.ln1_b, n, C, stream),
+                       "ln_1"));
+    GPT_CUDA_TRY(matmul_forward(dec_qkv.get(), dec_ln.get(), o.qkv_w, n, C, 3 * C, rounded));
+    GPT_CUDA_TRY(check(cuda::add_bias(dec_qkv.get(), p + o.qkv_b, n, 3 * C, stream), "qkv bias"));
+    // Every row's key and value first: a row may attend to an earlier row
+    // of the same step (a prompt's tokens).
+    GPT_CUDA_TRY(check(cuda::kv_store(k, v, dec_qkv.get(), rows, n, C, Tmax, stream), "caching keys and values"));
+    GPT_CUDA_TRY(check(cuda::decode_attention(dec_atty.get(), dec_qkv.get(), k, v, rows, n, c.heads, C, Tmax, stream),
+                       "decode attention"));
+    GPT_CUDA_TRY(matmul_forward(dec_proj.get(), dec_atty.get(), o.proj_w, n, C, C, rounded));
+    GPT_CUDA_TRY(check(cuda::add_bias_residual(dec_x.get(), dec_x.get(), dec_proj.get(), p + o.proj_b, n, C, stream),
+                       "attention residual"));
+    GPT_CUDA_TRY(check(cuda::layernorm_forward(dec_ln.get(), dec_mean.get(), dec_rstd.get(), dec_x.get(), p + o.ln2_w,
+                                               p + o.ln2_b, n, C, stream),
+                       "ln_2"));
+    GPT_CUDA_TRY(matmul_forward(dec_fch.get(), dec_ln.get(), o.fc_w, n, C, 4 * C, rounded));
+    GPT_CUDA_TRY(check(cuda::add_bias_gelu(dec_fch.get(), dec_fch_gelu.get(), p + o.fc_b, n, 4 * C, stream), "gelu"));
+    GPT_CUDA_TRY(matmul_forward(dec_proj.get(), dec_fch_gelu.get(), o.fcproj_w, n, 4 * C, C, rounded));
+    GPT_CUDA_TRY(check(cuda::add_bias_residual(dec_x.get(), dec_x.get(), dec_proj.get(), p + o.fcproj_b, n, C, stream),
+                       "mlp residual"));
+  }
+  GPT_CUDA_TRY(check(cuda::layernorm_forward(dec_ln.get(), dec_mean.get(), dec_rstd.get(), dec_x.get(),
+                                             p + layout.lnf_w(), p + layout.lnf_b(), n, C, stream),
+                     "ln_f"));
+  return matmul_forward(dec_logits.get(), dec_ln.get(), layout.lm_head(), n, C, V, rounded);
 }
 
 // -- GptCuda ------------------------------------------------------------------------
@@ -596,6 +684,7 @@ const GptConfig& GptCuda::config() const { return impl_->config(); }
 const GptCudaOptions& GptCuda::options() const { return impl_->options; }
 
 Status GptCuda::upload_params(const float* host) {
+  impl_->bf16_current = false;
   return impl_->copy_in(impl_->params.get(), host, impl_->total(), "uploading the parameters");
 }
 Status GptCuda::download_params(float* host) {
@@ -710,6 +799,7 @@ Result<double> GptCuda::adamw_step(const AdamWConfig& config) {
     return fail(u);
   }
   m.adamw_steps = step;
+  m.bf16_current = false;
   return norm;
 }
 
@@ -738,7 +828,67 @@ Status GptCuda::restore_adamw_state(const float* m_host, const float* v_host, si
   return {};
 }
 
-float* GptCuda::device_params() { return impl_->params.get(); }
+Status GptCuda::make_cache(size_t slots) {
+  Impl& m = *impl_;
+  const GptConfig& c = m.config();
+  if (slots == 0) return invalid("make_cache: zero slots; give it at least one sequence");
+  if (c.context_length > cuda::decode_attention_max_positions()) {
+    return Status(ErrorCode::unsupported, "gpt cuda: make_cache: a context of " + std::to_string(c.context_length) +
+                                              " positions; the decode attention takes up to " +
+                                              std::to_string(cuda::decode_attention_max_positions()));
+  }
+  size_t floats = 0;
+  if (!mul(c.layers, slots, &floats) || !mul(floats, c.context_length, &floats) || !mul(floats, c.channels, &floats)) {
+    return invalid("make_cache: " + std::to_string(slots) + " slots overflow size_t");
+  }
+  GPT_CUDA_TRY(check(cudaSetDevice(m.options.device), "cudaSetDevice"));
+  GPT_CUDA_TRY(check(cudaStreamSynchronize(m.stream), "waiting before replacing the cache"));
+  m.cache_slots = 0;
+  m.values.reset();
+  GPT_CUDA_TRY(m.keys.allocate(floats, "the cached keys", ErrorCode::invalid_argument));
+  GPT_CUDA_TRY(m.values.allocate(floats, "the cached values", ErrorCode::invalid_argument));
+  m.cache_slots = slots;
+  return {};
+}
+
+Status GptCuda::decode(const uint32_t* slots, const uint32_t* positions, const int32_t* tokens, size_t n,
+                       float* logits) {
+  Impl& m = *impl_;
+  const GptConfig& c = m.config();
+  if (m.cache_slots == 0) return invalid("decode: no cache; call make_cache(slots) first");
+  if (n == 0) return {};
+  if (slots == nullptr || positions == nullptr || tokens == nullptr || logits == nullptr) {
+    return invalid("decode: null rows or logits");
+  }
+  // cuBLAS takes int sizes; the widest product is (n, max(4C, V)).
+  size_t widest = 0;
+  if (n > static_cast<size_t>(INT_MAX) / 3 || !mul(n, std::max(4 * c.channels, c.vocab_size), &widest)) {
+    return invalid("decode: " + std::to_string(n) + " rows is too many for one step");
+  }
+  std::vector<int32_t> staged(3 * n);
+  for (size_t i = 0; i < n; ++i) {
+    if (slots[i] >= m.cache_slots || positions[i] >= c.context_length || tokens[i] < 0 ||
+        static_cast<size_t>(tokens[i]) >= c.vocab_size) {
+      return invalid("decode: row " + std::to_string(i) + " (slot " + std::to_string(slots[i]) + ", position " +
+                     std::to_string(positions[i]) + ", token " + std::to_string(tokens[i]) + ") is outside " +
+                     std::to_string(m.cache_slots) + " slots, " + std::to_string(c.context_length) +
+                     " positions and a vocabulary of " + std::to_string(c.vocab_size));
+    }
+    staged[i] = static_cast<int32_t>(slots[i]);
+    staged[n + i] = static_cast<int32_t>(positions[i]);
+    staged[2 * n + i] = tokens[i];
+  }
+  GPT_CUDA_TRY(check(cudaSetDevice(m.options.device), "cudaSetDevice"));
+  GPT_CUDA_TRY(m.size_decode(n));
+  GPT_CUDA_TRY(m.stage(m.decode_rows.get(), staged.data(), staged.size() * sizeof(int32_t), nullptr, 0));
+  GPT_CUDA_TRY(m.run_decode(n));
+  return m.copy_out(logits, m.dec_logits.get(), n * c.vocab_size, "copying the logits out");
+}
+
+float* GptCuda::device_params() {
+  impl_->bf16_current = false;  // the caller may write through it
+  return impl_->params.get();
+}
 float* GptCuda::device_grads() { return impl_->grads.get(); }
 
 Status GptCuda::synchronize() {

@@ -10,6 +10,10 @@
 //   m.backward(dlosses);                    // grads += d(sum dlosses * losses) / d params
 //   double norm = m.adamw_step(adamw_config).value();
 //
+// And the inference path, kv_cache.h's on the device: make_cache(slots),
+// then decode() steps of (slot, position, token) rows that return their
+// next-token logits (the Decoder of make_device_decoder wraps it).
+//
 // Matrix products go to cuBLAS: float32 (cublasGemmEx, 32F compute), TF32
 // tensor cores (`tf32`), or bfloat16 (`bf16_matmuls`: float32 master
 // weights, weights and activations rounded to bf16 for the products, float32
@@ -119,6 +123,21 @@ class GptCuda {
   /// Replaces the optimizer's state (AdamW::restore's meaning): moments in
   /// the layout's order and the steps taken.
   Status restore_adamw_state(const float* m, const float* v, size_t steps);
+
+  /// The inference path: keys and values of every layer for `slots`
+  /// sequences up to the context length, on the device (2 * layers * slots
+  /// * context_length * channels floats), replacing any earlier cache.
+  /// Errors: zero slots, a context longer than the attention kernel takes,
+  /// the cache too large for the device.
+  Status make_cache(size_t slots);
+  /// Runs the model on `n` rows: row i's `tokens[i]` at position
+  /// `positions[i]` of slot `slots[i]`, its key and value cached there
+  /// first, attending to positions 0..positions[i] of its slot; writes the
+  /// rows' next-token logits (n x vocab_size) to the host array `logits`.
+  /// The caller keeps each slot's positions consistent (kv_cache.h's
+  /// rule: assign_positions). Errors, with nothing run: no cache, a slot,
+  /// position or token out of range.
+  Status decode(const uint32_t* slots, const uint32_t* positions, const int32_t* tokens, size_t n, float* logits);
 
   /// Device pointers to the parameters and gradients (layout().total()
   /// floats each), for collectives and weight sync. The model's work is on

@@ -387,6 +387,75 @@ __global__ void adamw_kernel(float* params, float* grads, float* m, float* v, co
   }
 }
 
+// -- the inference path -----------------------------------------------------------
+
+constexpr unsigned kDecodeThreads = 128;          // per (row, head) block of decode_attention
+constexpr size_t kDecodeSharedBytes = 48 * 1024;  // dynamic shared memory without opting in
+
+__global__ void decode_encoder_kernel(float* out, const int32_t* rows, const float* wte, const float* wpe, size_t n,
+                                      size_t C) {
+  for (size_t i = blockIdx.y; i < n; i += gridDim.y) {
+    const float* te = wte + static_cast<size_t>(rows[2 * n + i]) * C;
+    const float* pe = wpe + static_cast<size_t>(rows[n + i]) * C;
+    for (size_t c = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; c < C;
+         c += static_cast<size_t>(gridDim.x) * blockDim.x) {
+      out[i * C + c] = te[c] + pe[c];
+    }
+  }
+}
+
+__global__ void kv_store_kernel(float* keys, float* values, const float* qkv, const int32_t* rows, size_t n, size_t C,
+                                size_t Tmax) {
+  for (size_t i = blockIdx.y; i < n; i += gridDim.y) {
+    const size_t at = (static_cast<size_t>(rows[i]) * Tmax + static_cast<size_t>(rows[n + i])) * C;
+    const float* src = qkv + i * 3 * C;
+    for (size_t c = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; c < C;
+         c += static_cast<size_t>(gridDim.x) * blockDim.x) {
+      keys[at + c] = src[C + c];
+      values[at + c] = src[2 * C + c];
+    }
+  }
+}
+
+// One block per (row, head), grid-stride over them: the scores of the
+// row's positions in shared memory, their softmax, then one thread per
+// output channel of the head sums over the positions.
+__global__ void decode_attention_kernel(float* atty, const float* qkv, const float* keys, const float* values,
+                                        const int32_t* rows, size_t n, size_t NH, size_t C, size_t Tmax, float scale) {
+  extern __shared__ float scores[];
+  const size_t hs = C / NH;
+  for (size_t pair = blockIdx.x; pair < n * NH; pair += gridDim.x) {
+    const size_t i = pair / NH, h = pair % NH;
+    const size_t len = static_cast<size_t>(rows[n + i]) + 1;
+    const size_t base = static_cast<size_t>(rows[i]) * Tmax * C + h * hs;
+    const float* q = qkv + i * 3 * C + h * hs;
+    float local_max = -INFINITY;
+    for (size_t t = threadIdx.x; t < len; t += blockDim.x) {
+      const float* k = keys + base + t * C;
+      float dot = 0;
+      for (size_t d = 0; d < hs; ++d) dot += q[d] * k[d];
+      dot *= scale;
+      scores[t] = dot;
+      local_max = fmaxf(local_max, dot);
+    }
+    const float mx = block_reduce<float, true>(local_max);
+    float local_sum = 0;
+    for (size_t t = threadIdx.x; t < len; t += blockDim.x) {
+      const float e = expf(scores[t] - mx);
+      scores[t] = e;
+      local_sum += e;
+    }
+    const float inv = 1.0f / block_reduce<float, false>(local_sum);  // its barriers publish `scores`
+    for (size_t d = threadIdx.x; d < hs; d += blockDim.x) {
+      const float* v = values + base + d;
+      float acc = 0;
+      for (size_t t = 0; t < len; ++t) acc += scores[t] * v[t * C];
+      atty[i * C + h * hs + d] = acc * inv;
+    }
+    __syncthreads();  // every reader is done with `scores` before the next pair writes them
+  }
+}
+
 }  // namespace
 
 // -- launchers --------------------------------------------------------------------
@@ -487,6 +556,31 @@ cudaError_t crossentropy_forward(float* losses, float* lse, const float* logits,
 cudaError_t crossentropy_backward(float* dlogits, const float* logits, const float* lse, const int32_t* targets,
                                   const float* dlosses, size_t N, size_t V, cudaStream_t stream) {
   crossentropy_backward_kernel<<<blocks_for(N, 1), kThreads, 0, stream>>>(dlogits, logits, lse, targets, dlosses, N, V);
+  return cudaGetLastError();
+}
+
+cudaError_t decode_encoder(float* out, const int32_t* rows, const float* wte, const float* wpe, size_t n, size_t C,
+                           cudaStream_t stream) {
+  const unsigned threads = threads_for_cols(C);
+  decode_encoder_kernel<<<row_col_grid(n, C, threads), threads, 0, stream>>>(out, rows, wte, wpe, n, C);
+  return cudaGetLastError();
+}
+
+cudaError_t kv_store(float* keys, float* values, const float* qkv, const int32_t* rows, size_t n, size_t C, size_t Tmax,
+                     cudaStream_t stream) {
+  const unsigned threads = threads_for_cols(C);
+  kv_store_kernel<<<row_col_grid(n, C, threads), threads, 0, stream>>>(keys, values, qkv, rows, n, C, Tmax);
+  return cudaGetLastError();
+}
+
+size_t decode_attention_max_positions() { return kDecodeSharedBytes / sizeof(float); }
+
+cudaError_t decode_attention(float* atty, const float* qkv, const float* keys, const float* values,
+                             const int32_t* rows, size_t n, size_t NH, size_t C, size_t Tmax, cudaStream_t stream) {
+  if (Tmax > decode_attention_max_positions() || NH == 0) return cudaErrorInvalidValue;
+  const float scale = 1.0f / sqrtf(static_cast<float>(C / NH));
+  decode_attention_kernel<<<blocks_for(n * NH, 1), kDecodeThreads, Tmax * sizeof(float), stream>>>(
+      atty, qkv, keys, values, rows, n, NH, C, Tmax, scale);
   return cudaGetLastError();
 }
 

@@ -75,6 +75,26 @@ cudaError_t crossentropy_forward(float* losses, float* lse, const float* logits,
 cudaError_t crossentropy_backward(float* dlogits, const float* logits, const float* lse, const int32_t* targets,
                                   const float* dlosses, size_t N, size_t V, cudaStream_t stream);
 
+// -- the inference path (GptCuda::decode): rows of (slot, position, token)
+// against a KV cache of (slots, Tmax, C) per layer; `rows` is a device
+// array of 3n ints: the n slots, then the n positions, then the n tokens.
+
+/// out (n,C) = wte[token_i] + wpe[position_i].
+cudaError_t decode_encoder(float* out, const int32_t* rows, const float* wte, const float* wpe, size_t n, size_t C,
+                           cudaStream_t stream);
+/// Caches row i's key and value (columns C..2C and 2C..3C of qkv (n,3C))
+/// at (slot_i, position_i) of one layer's `keys` and `values`.
+cudaError_t kv_store(float* keys, float* values, const float* qkv, const int32_t* rows, size_t n, size_t C, size_t Tmax,
+                     cudaStream_t stream);
+/// The largest Tmax decode_attention takes (its scores live in shared memory).
+size_t decode_attention_max_positions();
+/// atty (n,C): for row i and head h, softmax(q . k_t / sqrt(hs)) over
+/// positions t = 0..position_i of slot_i's cached keys, times their values
+/// (q: qkv's row i, columns h*hs..(h+1)*hs). invalid value past
+/// decode_attention_max_positions().
+cudaError_t decode_attention(float* atty, const float* qkv, const float* keys, const float* values,
+                             const int32_t* rows, size_t n, size_t NH, size_t C, size_t Tmax, cudaStream_t stream);
+
 /// out (n) = in rounded to bfloat16 (nearest even).
 cudaError_t to_bf16(__nv_bfloat16* out, const float* in, size_t n, cudaStream_t stream);
 

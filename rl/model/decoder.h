@@ -1,0 +1,77 @@
+// The inference path's interface: a cache of `slots` sequences and a step
+// that appends tokens to any of them and returns their next-token logits.
+// Generation, scoring and the rollout engine's continuous batching are
+// written against it once; the CPU's KV cache (kv_cache.h) and a device's
+// (device_model.h: make_device_decoder) implement it.
+//
+//   std::unique_ptr<Decoder> d = ...;     // a KvCache, or a CUDA one
+//   d->set_weights(model);                // the policy to run
+//   DecodeRow rows[] = {{0, bos}, {0, '1'}, {1, bos}};
+//   d->append(rows, logits);              // logits: 3 rows of vocab_size
+//
+// Not thread-safe: one caller at a time.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "model/config.h"
+#include "model/gpt.h"
+#include "troupe/status.h"
+
+namespace troupe::rl::model {
+
+/// One token to append: `token` goes at position length(slot) of `slot`.
+struct DecodeRow {
+  uint32_t slot = 0;
+  int32_t token = 0;
+};
+
+/// Keys and values of every layer for `slots()` sequences of up to the
+/// context length, and the model that fills them.
+class Decoder {
+ public:
+  virtual ~Decoder() = default;
+
+  /// Where it runs, for logs: "cpu", "cuda:0 NVIDIA H100 80GB HBM3, fp32 products".
+  virtual std::string describe() const = 0;
+  /// The shape it was made for (a value head, if any, is never run).
+  virtual const GptConfig& config() const = 0;
+  /// Sequences it holds at once.
+  virtual size_t slots() const = 0;
+  /// Tokens cached for `slot` (its next position).
+  virtual size_t length(size_t slot) const = 0;
+  /// Forgets `slot`'s sequence (its next token goes at position 0).
+  virtual void clear(size_t slot) = 0;
+  /// Forgets every sequence.
+  virtual void clear_all() = 0;
+
+  /// Runs `model`'s weights from now on. The CPU cache refers to `model`
+  /// (the caller keeps it alive and unchanged while it appends); a device
+  /// copies the weights in. Cached keys and values are kept: clear the
+  /// slots whose sequences must be recomputed. Errors: a model of another
+  /// shape (with or without a value head is the same), a device failure.
+  virtual Status set_weights(const Gpt<float>& model) = 0;
+  /// Runs the model on `rows` (in order; a slot may appear in several rows,
+  /// which then take consecutive positions) and writes each row's
+  /// next-token logits to `logits` (rows.size() x vocab_size). Errors,
+  /// before anything is cached: no weights set, a slot out of range, a
+  /// token outside the vocabulary, a slot that would pass the context
+  /// length; and a device's failure.
+  virtual Status append(std::span<const DecodeRow> rows, float* logits) = 0;
+};
+
+/// The positions `rows` take (Decoder::append's rule), checking every row
+/// first: on success `lengths` (per slot) has grown by the rows and
+/// `positions[i]` is row i's; on error neither changed. For implementations
+/// of Decoder.
+Status assign_positions(const GptConfig& config, std::span<const DecodeRow> rows, std::vector<size_t>& lengths,
+                        std::vector<size_t>& positions);
+
+/// Whether `model` fits a decoder made for `config` (the value head aside).
+Status check_decoder_shape(const GptConfig& config, const Gpt<float>& model);
+
+}  // namespace troupe::rl::model
