@@ -142,6 +142,8 @@ class GptCuda {
   /// Device pointers to the parameters and gradients (layout().total()
   /// floats each), for collectives and weight sync. The model's work is on
   /// its own stream: synchronize() before using them from another one.
+  /// Writing the parameters through the pointer: call device_params()
+  /// again after each write, so that bf16 products round them anew.
   float* device_params();
   float* device_grads();
   /// Waits for all enqueued work; reports a fault that happened in it.

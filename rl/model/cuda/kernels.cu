@@ -390,7 +390,9 @@ __global__ void adamw_kernel(float* params, float* grads, float* m, float* v, co
 // -- the inference path -----------------------------------------------------------
 
 constexpr unsigned kDecodeThreads = 128;          // per (row, head) block of decode_attention
-constexpr size_t kDecodeSharedBytes = 48 * 1024;  // dynamic shared memory without opting in
+constexpr size_t kDecodeSharedBytes = 48 * 1024;  // a block's static + dynamic shared memory without opting in
+// The static part: block_reduce's `partial` for the max and for the sum.
+constexpr size_t kDecodeStaticShared = 2 * kWarp * sizeof(float);
 
 __global__ void decode_encoder_kernel(float* out, const int32_t* rows, const float* wte, const float* wpe, size_t n,
                                       size_t C) {
@@ -573,7 +575,7 @@ cudaError_t kv_store(float* keys, float* values, const float* qkv, const int32_t
   return cudaGetLastError();
 }
 
-size_t decode_attention_max_positions() { return kDecodeSharedBytes / sizeof(float); }
+size_t decode_attention_max_positions() { return (kDecodeSharedBytes - kDecodeStaticShared) / sizeof(float); }
 
 cudaError_t decode_attention(float* atty, const float* qkv, const float* keys, const float* values,
                              const int32_t* rows, size_t n, size_t NH, size_t C, size_t Tmax, cudaStream_t stream) {

@@ -11,6 +11,9 @@
 #include <condition_variable>
 #include <functional>
 #include <mutex>
+#include <string>
+#include <string_view>
+#include <vector>
 
 #include "agent/process.h"
 #include "log.h"
@@ -37,6 +40,32 @@ std::thread wait_in_thread(pid_t pid, std::function<void(int)> then) {
     }
     then(status);
   });
+}
+
+/// CUDA_VISIBLE_DEVICES for a worker given the node's GPUs `gpus`: those
+/// indices of the agent's own CUDA_VISIBLE_DEVICES when it has one (the
+/// node's GPU i is the i-th the agent sees), else the indices themselves.
+/// An index past the agent's list is left out: the worker must not get a
+/// GPU that was not reserved for it (with none left it sees no GPU, and
+/// says so when it asks for one).
+std::string visible_gpus(const std::vector<uint32_t>& gpus, const char* inherited) {
+  std::vector<std::string> seen;
+  if (inherited != nullptr) {
+    std::string_view rest(inherited);
+    while (!rest.empty()) {
+      const size_t comma = rest.find(',');
+      std::string_view item = rest.substr(0, comma);
+      if (!item.empty()) seen.emplace_back(item);
+      rest = comma == std::string_view::npos ? std::string_view() : rest.substr(comma + 1);
+    }
+  }
+  std::string out;
+  for (uint32_t g : gpus) {
+    std::string id = inherited == nullptr ? std::to_string(g) : g < seen.size() ? seen[g] : std::string();
+    if (id.empty()) continue;
+    out += (out.empty() ? "" : ",") + id;
+  }
+  return out;
 }
 }  // namespace
 
@@ -129,6 +158,7 @@ Deferred<WorkerStarted> AgentActor::handle(const StartWorker& m) {
   if (getenv("TROUPE_WORKER_SPIN_US") == nullptr && workers_.size() + 1 > std::thread::hardware_concurrency()) {
     env.push_back("TROUPE_WORKER_SPIN_US=0");
   }
+  if (m.limit_gpus) env.push_back("CUDA_VISIBLE_DEVICES=" + visible_gpus(m.gpus, getenv("CUDA_VISIBLE_DEVICES")));
   auto pid = start_process(ProcessSpec{{m.executable}, env, log, /*die_with_agent=*/true});
   if (!pid) {
     reply.fail(Status(pid.error().code(), "worker: " + pid.error().message()));

@@ -203,7 +203,12 @@ struct KillActor {
 struct StartWorker {
   std::string worker_id;
   std::string executable;
-  TROUPE_MESSAGE_NAMED(StartWorker, "troupe.StartWorker", worker_id, executable);
+  /// The node's GPUs (0..GPU-1, as the node counts them) reserved for this
+  /// process, when `limit_gpus`: the agent narrows the process's
+  /// CUDA_VISIBLE_DEVICES to them (through its own, if it has one).
+  bool limit_gpus = false;
+  std::vector<uint32_t> gpus;
+  TROUPE_MESSAGE_NAMED(StartWorker, "troupe.StartWorker", worker_id, executable, limit_gpus, gpus);
 };
 struct WorkerStarted {
   Location where;
@@ -282,7 +287,11 @@ struct WorkerRecord {
   std::string executable;
   bool dedicated = false;
   Location where;
-  TROUPE_FIELDS(id, node, executable, dedicated, where);
+  /// GPU indices of its node it holds (dedicated workers whose actor asks
+  /// for GPUs), each a `gpu_share` of that GPU (1: whole).
+  std::vector<uint32_t> gpus;
+  double gpu_share = 0;
+  TROUPE_FIELDS(id, node, executable, dedicated, where, gpus, gpu_share);
 };
 
 }  // namespace troupe::cluster

@@ -179,6 +179,16 @@ class HeadActor : public Actor<HeadActor, RegisterNode, NodeHeartbeat, CreatePla
   /// empty is stopped.
   void leave_worker(const std::string& worker_id, const std::string& actor_id);
   Worker* worker_for(const std::string& node, const ClusterActor& a);
+  /// GPUs the actor's dedicated process is for: its bundle's (a specific
+  /// bundle of a placement group) or its own resources'.
+  double gpu_demand(const ClusterActor& a) const;
+  /// Gives a new dedicated worker GPU indices of its node for `gpus`:
+  /// whole free GPUs for 1 or more, a share of one for less (packing
+  /// shares). False, with nothing taken, when the node's GPUs are too
+  /// fragmented (the worker then sees all of them).
+  bool take_gpus(Worker& w, double gpus);
+  /// Gives a worker's GPU indices back.
+  void give_back_gpus(const Worker& w);
   void start_worker(Worker& w);
   void create_on(Worker& w, const std::string& actor_id);
   void actor_alive(ClusterActor& a, const std::string& worker, const Location& where);
@@ -207,6 +217,7 @@ class HeadActor : public Actor<HeadActor, RegisterNode, NodeHeartbeat, CreatePla
   std::map<std::string, Worker> workers_;
   std::map<std::pair<std::string, std::string>, std::string> shared_workers_;  // (node, program) -> worker id
   std::map<std::pair<std::string, int>, ResourceMap> bundle_used_;             // (group, bundle) -> in use
+  std::map<std::string, std::vector<double>> gpu_use_;  // node -> the share of each of its GPUs held by workers
   std::map<std::pair<std::string, uint64_t>, Owner> owners_;                   // owner location -> its actors
   size_t next_actor_node_ = 0;
   /// While set, writes gather here and commit together (worker_dead).

@@ -4,6 +4,7 @@
 // their process or node dies, and stopping owned actors with their owner.
 // Snapshots are kept in the store, so that a restart anywhere has them.
 #include <algorithm>
+#include <cmath>
 
 #include "agent/process.h"
 #include "head/head_actor.h"
@@ -335,12 +336,72 @@ HeadActor::Worker* HeadActor::worker_for(const std::string& node, const ClusterA
   w.rec.node = node;
   w.rec.executable = program;
   w.rec.dedicated = dedicated;
+  if (const double gpus = dedicated ? gpu_demand(a) : 0; gpus > 0 && !take_gpus(w, gpus)) {
+    TROUPE_LOG(warn, "event=worker_gpus_fragmented worker={} node={} gpus={} reason=\"no whole free GPU or share "
+                     "left for it; the process sees every GPU of the node\"",
+               w.rec.id, node, gpus);
+  }
   std::string wid = w.rec.id;
   Worker& stored = workers_.emplace(wid, std::move(w)).first->second;
   if (!dedicated) shared_workers_[{node, program}] = wid;
   start_worker(stored);
   auto again = workers_.find(wid);  // start_worker may have failed it at once
   return again == workers_.end() ? nullptr : &again->second;
+}
+
+double HeadActor::gpu_demand(const ClusterActor& a) const {
+  const ActorOptions& o = a.rec.spec.options;
+  const ResourceMap* demand = &o.resources;
+  if (!o.placement_group.empty() && o.bundle >= 0) {
+    auto g = groups_.find(o.placement_group);
+    if (g != groups_.end() && static_cast<size_t>(o.bundle) < g->second.info.spec.bundles.size()) {
+      demand = &g->second.info.spec.bundles[static_cast<size_t>(o.bundle)].resources;
+    }
+  }
+  auto gpu = demand->find("GPU");
+  return gpu == demand->end() ? 0 : gpu->second;
+}
+
+bool HeadActor::take_gpus(Worker& w, double gpus) {
+  auto node = nodes_.find(w.rec.node);
+  if (node == nodes_.end()) return false;
+  auto total = node->second.info.total.find("GPU");
+  if (total == node->second.info.total.end()) return false;
+  // The node's GPU indices: as many as it has whole GPUs (the ledger saw
+  // to it that the amount fits; this picks which).
+  std::vector<double>& use = gpu_use_[w.rec.node];
+  use.resize(std::max(use.size(), static_cast<size_t>(std::floor(total->second + 1e-9))), 0.0);
+  constexpr double kSlack = 1e-9;
+  std::vector<uint32_t> picked;
+  double share = 1;
+  if (gpus >= 1 - kSlack) {
+    const size_t need = static_cast<size_t>(std::ceil(gpus - kSlack));
+    for (size_t g = 0; g < use.size() && picked.size() < need; ++g) {
+      if (use[g] <= kSlack) picked.push_back(static_cast<uint32_t>(g));
+    }
+    if (picked.size() < need) return false;
+  } else {
+    // A share: the fullest GPU it still fits on, so that whole GPUs stay free.
+    share = gpus;
+    size_t best = use.size();
+    for (size_t g = 0; g < use.size(); ++g) {
+      if (use[g] + share <= 1 + kSlack && (best == use.size() || use[g] > use[best])) best = g;
+    }
+    if (best == use.size()) return false;
+    picked.push_back(static_cast<uint32_t>(best));
+  }
+  for (uint32_t g : picked) use[g] += share;
+  w.rec.gpus = std::move(picked);
+  w.rec.gpu_share = share;
+  return true;
+}
+
+void HeadActor::give_back_gpus(const Worker& w) {
+  auto use = gpu_use_.find(w.rec.node);
+  if (use == gpu_use_.end()) return;
+  for (uint32_t g : w.rec.gpus) {
+    if (g < use->second.size()) use->second[g] = std::max(0.0, use->second[g] - w.rec.gpu_share);
+  }
 }
 
 void HeadActor::start_worker(Worker& w) {
@@ -350,7 +411,8 @@ void HeadActor::start_worker(Worker& w) {
     worker_dead(wid, "its node " + w.rec.node + " has no agent");
     return;
   }
-  ask<WorkerStarted>(node->second.agent, StartWorker{wid, w.rec.executable}, kWorkerStartAsk)
+  ask<WorkerStarted>(node->second.agent, StartWorker{wid, w.rec.executable, !w.rec.gpus.empty(), w.rec.gpus},
+                    kWorkerStartAsk)
       .then([this, wid](Result<WorkerStarted> r) {
         auto it = workers_.find(wid);
         if (it == workers_.end()) return;
@@ -599,6 +661,7 @@ void HeadActor::worker_dead(const std::string& worker_id, const std::string& why
   if (it == workers_.end()) return;
   Worker w = std::move(it->second);
   workers_.erase(it);
+  give_back_gpus(w);
   if (w.monitor != 0) demonitor(w.monitor);
   auto shared = shared_workers_.find({w.rec.node, w.rec.executable});
   if (shared != shared_workers_.end() && shared->second == worker_id) shared_workers_.erase(shared);
@@ -740,6 +803,11 @@ void HeadActor::load_actors() {
       w.ready = true;
       Worker& stored = workers_.emplace(id, std::move(w)).first->second;
       if (!stored.rec.dedicated) shared_workers_[{stored.rec.node, stored.rec.executable}] = id;
+      std::vector<double>& use = gpu_use_[stored.rec.node];
+      for (uint32_t g : stored.rec.gpus) {
+        if (g >= use.size()) use.resize(g + 1, 0.0);
+        use[g] += stored.rec.gpu_share;
+      }
     }
   }
   std::vector<std::string> to_schedule;
