@@ -155,7 +155,8 @@ struct TrainerConfig {
   /// Where each rank's forward and backward run: the CPU (its `threads`),
   /// or a CUDA GPU (model/device_model.h; the optimizer, the gradient
   /// allreduce and checkpoints stay on the host). Rank r takes device
-  /// r modulo the GPUs its process sees.
+  /// r modulo the GPUs its process sees (its bundle's GPUs: the cluster
+  /// narrows CUDA_VISIBLE_DEVICES to them).
   using Device = config::Device;
   Device device = Device::cpu;
   /// cuda: how the GPU multiplies matrices (float32, TF32 tensor cores,

@@ -99,6 +99,34 @@ std::vector<int> seen_when_arrived(const Mesh& mesh, Want want) {
 
 int64_t pid_of(const std::string& who) { return std::stoll(who.substr(who.find(':') + 1)); }
 
+struct VisibleGpus {
+  TROUPE_MESSAGE_NAMED(VisibleGpus, "test.mesh.VisibleGpus");
+};
+/// Says which GPUs its process may use: "pid CUDA_VISIBLE_DEVICES", or
+/// "pid (unset)".
+class GpuView : public troupe::Actor<GpuView, VisibleGpus> {
+ public:
+  std::string handle(const VisibleGpus&) {
+    const char* v = std::getenv("CUDA_VISIBLE_DEVICES");
+    return std::to_string(getpid()) + " " + (v != nullptr ? v : "(unset)");
+  }
+};
+
+/// The GPUs of a GpuView's reply.
+std::vector<std::string> gpus_of(const std::string& reply) {
+  std::vector<std::string> out;
+  std::string rest = reply.substr(reply.find(' ') + 1);
+  if (rest == "(unset)") return {"(unset)"};
+  size_t start = 0;
+  while (start <= rest.size()) {
+    size_t comma = rest.find(',', start);
+    if (comma == std::string::npos) comma = rest.size();
+    if (comma > start) out.push_back(rest.substr(start, comma - start));
+    start = comma + 1;
+  }
+  return out;
+}
+
 using MeshCluster = EightProcessMesh;
 
 }  // namespace
@@ -272,4 +300,66 @@ TEST_CASE("meshes: a proc mesh on named nodes puts each process where it is told
   auto bad = troupe::ProcMesh::create_on_nodes(local.cluster, shape, {"a1"});
   REQUIRE_FALSE(bad.has_value());
   CHECK_THAT(bad.error().message(), Catch::Contains("3 processes but 1 nodes"));
+}
+
+TEST_CASE("meshes: each process of a GPU bundle sees only the GPUs reserved for it, again after a restart",
+          "[cluster][mesh]") {
+  LocalCluster local{0};
+  // The agent is shown 4 of a machine's GPUs (as a container or a job
+  // scheduler would); the node's GPUs 0..3 are those.
+  struct AgentGpus {
+    std::string before;
+    bool had = false;
+    AgentGpus() {
+      if (const char* v = std::getenv("CUDA_VISIBLE_DEVICES")) {
+        had = true;
+        before = v;
+      }
+      ::setenv("CUDA_VISIBLE_DEVICES", "4,5,6,7", 1);
+    }
+    ~AgentGpus() { had ? (void)::setenv("CUDA_VISIBLE_DEVICES", before.c_str(), 1) : (void)::unsetenv("CUDA_VISIBLE_DEVICES"); }
+  } shown;
+  local.agents.push_back(launch(local.home, {"start", "--address", local.head_process->address(), "--node-id", "g1",
+                                             "--cpus", "8", "--gpus", "4"}));
+  REQUIRE(status_until(local.cluster, 5s, [](auto& st) { return st.nodes.size() == 1; }));
+
+  // One process per bundle: a whole GPU, two whole GPUs, two half GPUs,
+  // and none.
+  troupe::PlacementGroupSpec spec;
+  spec.strategy = troupe::PlacementStrategy::pack;
+  spec.bundles = {troupe::Bundle{{{"CPU", 0.5}, {"GPU", 1}}}, troupe::Bundle{{{"CPU", 0.5}, {"GPU", 2}}},
+                  troupe::Bundle{{{"CPU", 0.5}, {"GPU", 0.5}}}, troupe::Bundle{{{"CPU", 0.5}, {"GPU", 0.5}}},
+                  troupe::Bundle{{{"CPU", 0.5}}}};
+  auto pg = local.cluster.create_placement_group(spec).value();
+  auto procs = troupe::ProcMesh::create(local.cluster, troupe::Shape::make({{"procs", 5}}).value(), pg).value();
+  auto mesh = procs.spawn<GpuView>({.max_restarts = -1}).value();
+  auto replies = mesh.call(VisibleGpus{});
+  REQUIRE(replies.ok());
+  std::vector<std::vector<std::string>> seen;
+  for (size_t i = 0; i < 5; ++i) seen.push_back(gpus_of(*replies[i]));
+  INFO(*replies[0] << " | " << *replies[1] << " | " << *replies[2] << " | " << *replies[3] << " | " << *replies[4]);
+  REQUIRE(seen[0].size() == 1);
+  REQUIRE(seen[1].size() == 2);
+  REQUIRE(seen[2].size() == 1);
+  CHECK(seen[3] == seen[2]);  // two halves share one GPU
+  // No GPU asked for: not narrowed (as Ray leaves a zero-GPU actor), the agent's view.
+  CHECK(seen[4] == std::vector<std::string>{"4", "5", "6", "7"});
+  // The whole GPUs and the shared one are distinct, and all are the agent's.
+  std::set<std::string> ids{seen[0][0], seen[1][0], seen[1][1], seen[2][0]};
+  CHECK(ids == std::set<std::string>{"4", "5", "6", "7"});
+
+  // The two-GPU process dies: its new process gets GPUs again, and only
+  // the ones its predecessor gave back (the others are still held).
+  const int64_t victim = std::stoll(replies[1]->substr(0, replies[1]->find(' ')));
+  REQUIRE(::kill(static_cast<pid_t>(victim), SIGKILL) == 0);
+  troupe::Result<std::string> again = troupe::error(ErrorCode::timeout, "not yet");
+  for (int i = 0; i < 100; ++i) {
+    again = mesh.member(1).ask(VisibleGpus{}, 5s).get();  // the first may have been in flight at the kill
+    if (again && std::stoll(again->substr(0, again->find(' '))) != victim) break;
+  }
+  REQUIRE(again.has_value());
+  CHECK(std::stoll(again->substr(0, again->find(' '))) != victim);
+  auto regained = gpus_of(*again);
+  CHECK(std::set<std::string>(regained.begin(), regained.end()) ==
+        std::set<std::string>(seen[1].begin(), seen[1].end()));
 }
