@@ -13,6 +13,7 @@
 #include <catch2/catch.hpp>
 
 #include "config/rl_config.h"
+#include "support/scoped_env.h"
 #include "controller/rl_job.h"
 #include "model/device_model.h"
 #include "model/gpt.h"
@@ -167,18 +168,7 @@ namespace {
 std::string job_error_without_gpus(const std::string& section) {
   // The job's worker processes inherit this: CUDA shows them no device,
   // on a GPU machine too.
-  struct HideGpus {
-    std::string before;
-    bool had = false;
-    HideGpus() {
-      if (const char* v = std::getenv("CUDA_VISIBLE_DEVICES")) {
-        had = true;
-        before = v;
-      }
-      ::setenv("CUDA_VISIBLE_DEVICES", "", 1);
-    }
-    ~HideGpus() { had ? (void)::setenv("CUDA_VISIBLE_DEVICES", before.c_str(), 1) : (void)::unsetenv("CUDA_VISIBLE_DEVICES"); }
-  } hide;
+  troupe::test::ScopedEnv hide("CUDA_VISIBLE_DEVICES", "");
   troupe::InitOptions options;
   options.runtime.log_level = "error";
   options.resources["CPU"] = 4;

@@ -13,6 +13,7 @@
 #include <catch2/catch.hpp>
 
 #include "support/local_cluster.h"
+#include "support/scoped_env.h"
 #include "troupe/mesh.h"
 
 using namespace std::chrono_literals;
@@ -307,18 +308,7 @@ TEST_CASE("meshes: each process of a GPU bundle sees only the GPUs reserved for 
   LocalCluster local{0};
   // The agent is shown 4 of a machine's GPUs (as a container or a job
   // scheduler would); the node's GPUs 0..3 are those.
-  struct AgentGpus {
-    std::string before;
-    bool had = false;
-    AgentGpus() {
-      if (const char* v = std::getenv("CUDA_VISIBLE_DEVICES")) {
-        had = true;
-        before = v;
-      }
-      ::setenv("CUDA_VISIBLE_DEVICES", "4,5,6,7", 1);
-    }
-    ~AgentGpus() { had ? (void)::setenv("CUDA_VISIBLE_DEVICES", before.c_str(), 1) : (void)::unsetenv("CUDA_VISIBLE_DEVICES"); }
-  } shown;
+  ScopedEnv shown("CUDA_VISIBLE_DEVICES", "4,5,6,7");
   local.agents.push_back(launch(local.home, {"start", "--address", local.head_process->address(), "--node-id", "g1",
                                              "--cpus", "8", "--gpus", "4"}));
   REQUIRE(status_until(local.cluster, 5s, [](auto& st) { return st.nodes.size() == 1; }));
