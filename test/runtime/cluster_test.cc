@@ -207,6 +207,7 @@ TEST_CASE("troupe command line: bad usage and a missing head get one clear line 
   std::tie(code, out) = run("status --address 127.0.0.1:1");
   CHECK(code == 1);
   CHECK_THAT(out, Catch::Contains("no head answers at tcp://127.0.0.1:1"));
+  CHECK_THAT(out, Catch::Contains("was tried over TCP") && Catch::Contains("ucx://127.0.0.1:1"));
   std::tie(code, out) = run("status");
   CHECK(code == 1);
   CHECK_THAT(out, Catch::Contains("start one with `troupe start --head`"));
@@ -215,6 +216,26 @@ TEST_CASE("troupe command line: bad usage and a missing head get one clear line 
   std::tie(code, out) = run("--help");
   CHECK(code == 0);
   CHECK_THAT(out, Catch::Contains("start"));
+}
+
+TEST_CASE("troupe command line: a bare HOST:PORT of a UCX head started on this machine reaches it", "[cluster]") {
+  TempHome home;
+  auto run = [&](const std::string& args) {
+    return troupe::test::run_command("TROUPE_HOME=" + home.path.string() + " TROUPE_CLUSTER_TOKEN=" + kToken + " " +
+                                     TROUPE_CLI + " " + args);
+  };
+  auto [code, out] = run("start --head --transport ucx --port 0 --data-dir " + (home.path / "head").string());
+  INFO(out);
+  REQUIRE(code == 0);
+  const auto at = out.find("ucx://");
+  REQUIRE(at != std::string::npos);
+  const std::string bare = out.substr(at + 6, out.find_first_of(" \n", at) - at - 6);
+  std::tie(code, out) = run("status --address " + bare);
+  INFO(out);
+  CHECK(code == 0);
+  CHECK_THAT(out, Catch::Contains("head ucx://" + bare));
+  std::tie(code, out) = run("stop");
+  CHECK(code == 0);
 }
 
 TEST_CASE("cluster: a job submitted with the command line runs, its output is readable, and it stops", "[cluster]") {

@@ -85,14 +85,25 @@ std::vector<Started> started() {
 }
 
 /// The head to talk to: --address, else $TROUPE_ADDRESS, else the head
-/// started on this machine.
+/// started on this machine. A bare HOST:PORT takes the scheme of a daemon
+/// started here at that address (a UCX head's `ucx://`); else it is TCP.
 std::string head_address(const std::string& flag) {
-  if (!flag.empty()) return flag;
-  if (const char* a = std::getenv("TROUPE_ADDRESS"); a && *a) return a;
-  for (auto& s : started()) {
-    if (s.role == "head") return s.address;
+  std::string address = flag;
+  if (address.empty()) {
+    if (const char* a = std::getenv("TROUPE_ADDRESS"); a && *a) address = a;
   }
-  return {};
+  if (address.empty()) {
+    for (auto& s : started()) {
+      if (s.role == "head") return s.address;
+    }
+    return {};
+  }
+  if (address.find("://") != std::string::npos) return address;
+  for (auto& s : started()) {
+    const auto scheme_end = s.address.find("://");
+    if (scheme_end != std::string::npos && s.address.substr(scheme_end + 3) == address) return s.address;
+  }
+  return address;
 }
 
 /// Blocks SIGINT/SIGTERM in every thread (call before any thread starts),
@@ -320,7 +331,14 @@ troupe::Result<Driver> connect_driver(const std::string& flag) {
   Driver d;
   d.rt = std::make_unique<troupe::Runtime>(cfg);
   auto cluster = troupe::ClusterClient::connect(*d.rt, address, std::chrono::seconds(5));
-  if (!cluster) return troupe::error(cluster.error());
+  if (!cluster) {
+    if (address.find("://") == std::string::npos) {
+      return troupe::error(cluster.error().code(), cluster.error().message() + " (" + address +
+                                                       " was tried over TCP; a head started with --transport ucx "
+                                                       "on another machine is ucx://" + address + ")");
+    }
+    return troupe::error(cluster.error());
+  }
   d.cluster = *cluster;
   return d;
 }
