@@ -492,9 +492,225 @@ Deferred<uint64_t> TrainerRank::handle(const ImportTrainerState& m) {
 
 TrainerInfo TrainerRank::handle(const GetTrainerInfo&) {
   const auto& gpt = trainer_->model();
-  return {static_cast<int64_t>(::getpid()), tasks::fnv1a(gpt.params(), gpt.layout().total() * sizeof(float)),
-          trainer_->optimizer().steps(), rl_phase_, trainer_->optimizer().m().size(),
-          device_ ? device_->describe() : "cpu"};
+  TrainerInfo info{static_cast<int64_t>(::getpid()), tasks::fnv1a(gpt.params(), gpt.layout().total() * sizeof(float)),
+                   trainer_->optimizer().steps(), rl_phase_, trainer_->optimizer().m().size(),
+                   device_ ? device_->describe() : "cpu", {}, {}};
+  for (const ShardCopy& c : snaps_) {
+    if (c.meta) info.snapshots.push_back({c.meta->optimizer_steps, c.meta->rl_phase});
+  }
+  for (const ShardCopy& c : backups_) {
+    if (c.meta) info.backups.push_back({c.meta->optimizer_steps, c.meta->rl_phase});
+  }
+  return info;
+}
+
+Status TrainerRank::registered_copy(BufferRegistration& reg, const float* src, size_t floats) {
+  const size_t bytes = floats * sizeof(float);
+  if (!reg.handle() || reg.handle().size() != bytes) {
+    reg = BufferRegistration();  // the old one goes first
+    auto r = allocate_buffer(std::max<size_t>(bytes, 1));
+    if (!r) return Status(r.error().code(), "trainer: cannot register a shard snapshot: " + r.error().message());
+    reg = std::move(*r);
+  }
+  if (bytes > 0) std::memcpy(reg.data(), src, bytes);
+  return {};
+}
+
+namespace {
+
+// A shard's floats read from another rank, held until all are in.
+struct IncomingShard {
+  std::vector<float> params, m, v, reference;
+  int left = 0;
+  Status failed;
+};
+
+// Errors of a snapshot that cannot be this model's.
+Status check_snapshot(const ShardSnapshot& s, size_t P) {
+  const uint64_t bytes = (s.end - s.begin) * sizeof(float);
+  if (s.floats != P || s.begin > s.end || s.end > P || s.params.size() < bytes || s.m.size() < bytes ||
+      s.v.size() < bytes) {
+    return Status(ErrorCode::invalid_argument, "trainer: a shard snapshot of [" + std::to_string(s.begin) + ", " +
+                                                   std::to_string(s.end) + ") of " + std::to_string(s.floats) +
+                                                   " parameters does not fit this model's " + std::to_string(P));
+  }
+  return {};
+}
+
+// Reads `snap`'s segment (and `reference`, when given) into `in`; `then`
+// runs once all reads are done.
+template <class Read>
+void read_shard(Read read, const ShardSnapshot& snap, const RemoteBuffer& reference, size_t P,
+                const std::shared_ptr<IncomingShard>& in, std::function<void()> then) {
+  const size_t seg = snap.end - snap.begin;
+  in->params.resize(seg);
+  in->m.resize(seg);
+  in->v.resize(seg);
+  in->left = reference ? 4 : 3;
+  if (reference) in->reference.resize(P);
+  auto done = [in, then = std::move(then)](Result<void> r) {
+    if (!r && in->failed.ok()) in->failed = r.error();
+    if (--in->left == 0) then();
+  };
+  read(snap.params, in->params.data(), seg * sizeof(float)).then(done);
+  read(snap.m, in->m.data(), seg * sizeof(float)).then(done);
+  read(snap.v, in->v.data(), seg * sizeof(float)).then(done);
+  if (reference) read(reference, in->reference.data(), P * sizeof(float)).then(done);
+}
+
+}  // namespace
+
+Status TrainerRank::store_copy(ShardCopy& c, const ShardSnapshot& meta, const float* params, const float* m,
+                               const float* v) {
+  c.meta.reset();  // invalid until all of it is in
+  const size_t seg = meta.end - meta.begin;
+  for (Status s : {registered_copy(c.params, params, seg), registered_copy(c.m, m, seg), registered_copy(c.v, v, seg)}) {
+    if (!s.ok()) return s;
+  }
+  ShardSnapshot stored = meta;
+  stored.params = c.params.handle();
+  stored.m = c.m.handle();
+  stored.v = c.v.handle();
+  c.meta = stored;
+  return {};
+}
+
+Result<ShardSnapshot> TrainerRank::handle(const SnapshotShard&) {
+  if (!shard_ || shard_->begin == shard_->end || !group_) {
+    return error(ErrorCode::invalid_argument, "trainer: no optimizer shard to snapshot (trainer.shard_optimizer with "
+                                              "2 or more ranks, once the rank has joined its group)");
+  }
+  const auto& gpt = trainer_->model();
+  const auto& opt = trainer_->optimizer();
+  const size_t P = gpt.layout().total();
+  ShardSnapshot meta{{}, {}, {}, shard_->begin, shard_->end, opt.steps(), rl_phase_, RemoteBuffer(), P};
+  if (reference_) {
+    if (Status s = registered_copy(snap_reference_, reference_->params(), P); !s.ok()) return error(s);
+    meta.reference = snap_reference_.handle();
+  }
+  ShardCopy& c = snaps_[next_snap_];
+  if (Status s = store_copy(c, meta, gpt.params() + shard_->begin, opt.m().data(), opt.v().data()); !s.ok()) {
+    return error(s);
+  }
+  next_snap_ ^= 1;
+  return *c.meta;
+}
+
+Deferred<void> TrainerRank::handle(const BackUpShard& m) {
+  auto reply = defer<void>();
+  const size_t P = trainer_->model().layout().total();
+  if (Status s = check_snapshot(m.from, P); !s.ok()) {
+    reply.fail(s);
+    return reply;
+  }
+  // Read whole before anything is replaced: the older backup is kept until
+  // the new one is in.
+  auto in = std::make_shared<IncomingShard>();
+  const ShardSnapshot from = m.from;
+  auto read = [this, in](const RemoteBuffer& b, void* dst, size_t n) { return read_buffer_into(b, in, dst, n); };
+  read_shard(read, from, RemoteBuffer(), P, in, [this, in, from, reply]() mutable {
+    if (!in->failed.ok()) {
+      return reply.fail(Status(in->failed.code(), "trainer: backing up the shard [" + std::to_string(from.begin) +
+                                                      ", " + std::to_string(from.end) + "): " + in->failed.message()));
+    }
+    ShardSnapshot meta = from;
+    meta.reference = RemoteBuffer();
+    ShardCopy& c = backups_[next_backup_];
+    if (Status s = store_copy(c, meta, in->params.data(), in->m.data(), in->v.data()); !s.ok()) return reply.fail(s);
+    next_backup_ ^= 1;
+    reply.complete();
+  });
+  return reply;
+}
+
+Result<ShardSnapshot> TrainerRank::handle(const ExportBackup& m) {
+  for (const ShardCopy& c : backups_) {
+    if (c.meta && ShardVersion{c.meta->optimizer_steps, c.meta->rl_phase} == m.version) return *c.meta;
+  }
+  return error(ErrorCode::not_found, "trainer: this rank holds no backup of the previous rank's shard after " +
+                                         std::to_string(m.version.optimizer_steps) + " steps");
+}
+
+void TrainerRank::restore_shard(const ShardSnapshot& at, const float* params, std::vector<float> m,
+                                std::vector<float> v, const std::vector<float>* reference) {
+  if (at.rl_phase != rl_phase_) {
+    rl_phase_ = at.rl_phase;
+    make_trainer(std::move(trainer_->model()), optim_now());
+  }
+  std::memcpy(trainer_->model().params() + at.begin, params, (at.end - at.begin) * sizeof(float));
+  if (reference != nullptr) {
+    reference_.emplace(trainer_->model());
+    std::memcpy(reference_->params(), reference->data(), reference->size() * sizeof(float));
+  }
+  if (Status s = trainer_->optimizer().restore(std::move(m), std::move(v), at.optimizer_steps); !s.ok()) {
+    fail("trainer: restoring a shard snapshot: " + s.message());  // checked against the segment: a broken invariant
+  }
+}
+
+Deferred<void> TrainerRank::handle(const RestoreShard& m) {
+  auto reply = defer<void>();
+  const size_t P = trainer_->model().layout().total();
+  const bool own = !m.from.params;
+  if (own && trainer_->optimizer().steps() == m.version.optimizer_steps && rl_phase_ == m.version.rl_phase) {
+    reply.complete();  // its segment and moments are at the version (the parameter allgather does the rest)
+    return reply;
+  }
+  const ShardCopy* mine = nullptr;
+  for (const ShardCopy& c : snaps_) {
+    if (c.meta && ShardVersion{c.meta->optimizer_steps, c.meta->rl_phase} == m.version) mine = &c;
+  }
+  if (own && mine == nullptr) {
+    reply.fail(Status(ErrorCode::not_found, "trainer: this rank has no snapshot of its shard after " +
+                                                std::to_string(m.version.optimizer_steps) + " steps"));
+    return reply;
+  }
+  const ShardSnapshot at = own ? *mine->meta : m.from;
+  if (Status s = check_snapshot(at, P); !s.ok()) {
+    reply.fail(s);
+    return reply;
+  }
+  if (!shard_ || shard_->begin != at.begin || shard_->end != at.end) {
+    reply.fail(Status(ErrorCode::invalid_argument,
+                      "trainer: the snapshot is of segment [" + std::to_string(at.begin) + ", " +
+                          std::to_string(at.end) + "), not this rank's (join the group first)"));
+    return reply;
+  }
+  if (m.reference && m.reference.size() != P * sizeof(float)) {
+    reply.fail(Status(ErrorCode::invalid_argument, "trainer: the reference policy to restore is not this model's"));
+    return reply;
+  }
+  const size_t seg = at.end - at.begin;
+  if (own) {
+    // A rank going back to its own snapshot keeps its reference policy
+    // (the phase's: the driver restores to a version of the phase it is in).
+    auto floats = [](const BufferRegistration& r) { return static_cast<const float*>(r.data()); };
+    restore_shard(at, floats(mine->params), std::vector<float>(floats(mine->m), floats(mine->m) + seg),
+                  std::vector<float>(floats(mine->v), floats(mine->v) + seg), nullptr);
+    reply.complete();
+    return reply;
+  }
+  auto in = std::make_shared<IncomingShard>();
+  auto read = [this, in](const RemoteBuffer& b, void* dst, size_t n) { return read_buffer_into(b, in, dst, n); };
+  read_shard(read, at, m.reference, P, in, [this, in, at, reply]() mutable {
+    if (!in->failed.ok()) {
+      return reply.fail(Status(in->failed.code(), "trainer: reading a shard snapshot: " + in->failed.message()));
+    }
+    restore_shard(at, in->params.data(), std::move(in->m), std::move(in->v),
+                  in->reference.empty() ? nullptr : &in->reference);
+    reply.complete();
+  });
+  return reply;
+}
+
+Deferred<void> TrainerRank::handle(const GatherParams&) {
+  auto reply = defer<void>();
+  if (!group_) {
+    reply.fail(Status(ErrorCode::invalid_argument, "trainer: no collective group yet (send JoinTrainerGroup)"));
+    return reply;
+  }
+  collective(CollectiveKind::allgather, trainer_->model().params(), trainer_->model().layout().total(), DType::float32,
+             "parameter allgather", [reply](Status s) mutable { s.ok() ? reply.complete() : reply.fail(s); });
+  return reply;
 }
 
 }  // namespace troupe::rl::trainer

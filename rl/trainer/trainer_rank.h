@@ -165,6 +165,69 @@ struct ImportTrainerState {
   TROUPE_MESSAGE_NAMED(ImportTrainerState, "troupe.rl.ImportTrainerState", from, rl_phase);
 };
 
+/// Where a shard snapshot is in the job: after `optimizer_steps` steps of
+/// the warm-up or of the RL phase.
+struct ShardVersion {
+  uint64_t optimizer_steps = 0;
+  bool rl_phase = false;
+  bool operator==(const ShardVersion&) const = default;
+  TROUPE_FIELDS(optimizer_steps, rl_phase);
+};
+
+/// ZeRO-1's in-memory recovery (trainer.shard_backup): a rank's segment of
+/// the training state as it was after an optimizer step (its segment of
+/// the parameters and the segment's AdamW moments), registered for other
+/// ranks to read. The driver has each rank snapshot its segment after
+/// every update, and the next rank (rank + 1 mod ranks) back it up; each
+/// keeps the last two of both. So a lost rank's segment is in memory on
+/// its successor, and every rank can go back to the last committed step,
+/// whichever part of a snapshot round a rank was lost in.
+struct ShardSnapshot {
+  RemoteBuffer params, m, v;
+  /// The segment [begin, end) of the parameter buffer.
+  uint64_t begin = 0, end = 0;
+  uint64_t optimizer_steps = 0;
+  bool rl_phase = false;
+  /// The KL penalty's reference policy, whole (empty: none).
+  RemoteBuffer reference;
+  /// The model's parameters (the reference's floats).
+  uint64_t floats = 0;
+  TROUPE_FIELDS(params, m, v, begin, end, optimizer_steps, rl_phase, reference, floats);
+};
+/// Copies the rank's segment (and its reference policy) into its snapshot;
+/// replies with it. Errors: not sharded, or no group yet.
+struct SnapshotShard {
+  TROUPE_MESSAGE_NAMED(SnapshotShard, "troupe.rl.SnapshotShard");
+};
+/// Reads `from` (the previous rank's snapshot) into this rank's backup of it.
+struct BackUpShard {
+  ShardSnapshot from;
+  TROUPE_MESSAGE_NAMED(BackUpShard, "troupe.rl.BackUpShard", from);
+};
+/// The backup of the previous rank's segment at `version` this rank
+/// holds. Errors: none at that version.
+struct ExportBackup {
+  ShardVersion version;
+  TROUPE_MESSAGE_NAMED(ExportBackup, "troupe.rl.ExportBackup", version);
+};
+/// Puts the rank's segment back at `version`: from `from` (another rank's
+/// backup of it, with the reference policy from `reference` when given),
+/// or, when `from` is empty, from the rank's own state (nothing to do when
+/// it is at `version`) or own snapshot at `version`. Then GatherParams
+/// makes the whole parameter buffer again. Errors: no such snapshot, one of
+/// another segment or model, a read that failed (nothing changed).
+struct RestoreShard {
+  ShardVersion version;
+  ShardSnapshot from;
+  RemoteBuffer reference;
+  TROUPE_MESSAGE_NAMED(RestoreShard, "troupe.rl.RestoreShard", version, from, reference);
+};
+/// Allgathers the parameters over the rank's group (each rank's segment
+/// to every rank): every rank of the group is sent one.
+struct GatherParams {
+  TROUPE_MESSAGE_NAMED(GatherParams, "troupe.rl.GatherParams");
+};
+
 /// Where a rank is and what it holds.
 struct TrainerInfo {
   int64_t pid = 0;
@@ -182,7 +245,10 @@ struct TrainerInfo {
   /// Where its forwards and backwards run: "cpu", or the device model's
   /// description ("cuda:0 NVIDIA H100 80GB HBM3, fp32 products").
   std::string device;
-  TROUPE_FIELDS(pid, checksum, optimizer_steps, rl_phase, optimizer_floats, device);
+  /// ZeRO-1 in memory: the versions of the rank's snapshots of its
+  /// segment and of its backups of the previous rank's (up to two each).
+  std::vector<ShardVersion> snapshots, backups;
+  TROUPE_FIELDS(pid, checksum, optimizer_steps, rl_phase, optimizer_floats, device, snapshots, backups);
 };
 struct GetTrainerInfo {
   TROUPE_MESSAGE_NAMED(GetTrainerInfo, "troupe.rl.GetTrainerInfo");
@@ -191,7 +257,8 @@ struct GetTrainerInfo {
 /// The actor.
 class TrainerRank : public Actor<TrainerRank, JoinTrainerGroup, TrainStep, ScoreValues, PublishWeights, StartRlPhase,
                                  SaveTrainerState, LoadTrainerState, ExportTrainerState, ImportTrainerState,
-                                 GetTrainerInfo> {
+                                 GetTrainerInfo, SnapshotShard, BackUpShard, ExportBackup, RestoreShard,
+                                 GatherParams> {
  public:
   /// A rank of the job configured by `config_toml` (rl_config.h); its
   /// weights are the config's init (random or a checkpoint; a warm-up is
@@ -208,6 +275,11 @@ class TrainerRank : public Actor<TrainerRank, JoinTrainerGroup, TrainStep, Score
   Result<TrainerStateHandles> handle(const ExportTrainerState& m);
   Deferred<uint64_t> handle(const ImportTrainerState& m);
   TrainerInfo handle(const GetTrainerInfo& m);
+  Result<ShardSnapshot> handle(const SnapshotShard& m);
+  Deferred<void> handle(const BackUpShard& m);
+  Result<ShardSnapshot> handle(const ExportBackup& m);
+  Deferred<void> handle(const RestoreShard& m);
+  Deferred<void> handle(const GatherParams& m);
 
  private:
   config::RlConfig config_;
@@ -228,6 +300,18 @@ class TrainerRank : public Actor<TrainerRank, JoinTrainerGroup, TrainStep, Score
   std::optional<model::ParamRange> shard_;
   // Each rank's squared gradient norm (a sharded step's allgather).
   std::vector<double> norm_parts_;
+  // ZeRO-1 in memory: this rank's snapshot of its segment, and its backup
+  // of the previous rank's (the handles in each point at the registrations).
+  struct ShardCopy {
+    BufferRegistration params, m, v;
+    std::optional<ShardSnapshot> meta;  // handles at the registrations
+  };
+  // ZeRO-1 in memory: the last two snapshots of this rank's segment and
+  // backups of the previous rank's (the next write goes to [next_]), and
+  // the reference policy the snapshots point at.
+  ShardCopy snaps_[2], backups_[2];
+  size_t next_snap_ = 0, next_backup_ = 0;
+  BufferRegistration snap_reference_;
 
   // (Re)makes the trainer of `weights` with `optim`, this rank's shard
   // and device.
@@ -245,6 +329,14 @@ class TrainerRank : public Actor<TrainerRank, JoinTrainerGroup, TrainStep, Score
   // its outcome (an error names `what` and the rank).
   void collective(CollectiveKind kind, void* data, size_t count, DType dtype, const char* what,
                   std::function<void(Status)> then);
+  // Copies `floats` floats into `reg`, (re)registering it at that size.
+  Status registered_copy(BufferRegistration& reg, const float* src, size_t floats);
+  // Copies a segment into `c` (its registrations), with `meta` for it.
+  Status store_copy(ShardCopy& c, const ShardSnapshot& meta, const float* params, const float* m, const float* v);
+  // Sets the rank's segment, its moments and steps, its phase (and the
+  // reference policy, when given) from a snapshot `at`.
+  void restore_shard(const ShardSnapshot& at, const float* params, std::vector<float> m, std::vector<float> v,
+                     const std::vector<float>* reference);
   // The rest of a TrainStep under ZeRO-1, from the gradients on.
   void sharded_step(Deferred<RankStepStats> reply, RankStepStats out, train::StepStats st,
                     std::chrono::steady_clock::time_point reduce_start);

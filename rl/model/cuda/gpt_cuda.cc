@@ -339,13 +339,19 @@ Status GptCuda::Impl::copy_out(float* host, const float* device_src, size_t coun
 }
 
 Status GptCuda::Impl::ensure_optimizer() {
-  if (moment1.get() != nullptr) return {};
+  // `norm` is allocated last: the optimizer is ready exactly when it is.
+  if (norm.get() != nullptr) return {};
+  auto undo = [this](Status s) {
+    for (auto* a : {&moment1, &moment2}) a->reset();  // retried by the next step
+    decay.reset();
+    norm.reset();
+    return s;
+  };
   const size_t P = total();
   const ErrorCode code = ErrorCode::invalid_argument;
-  GPT_CUDA_TRY(moment1.allocate(P, "the first moment", code));
-  GPT_CUDA_TRY(moment2.allocate(P, "the second moment", code));
-  GPT_CUDA_TRY(decay.allocate(P, "the decay mask", code));
-  GPT_CUDA_TRY(norm.allocate(1 + cuda::sum_of_squares_scratch_doubles(), "the norm scratch", code));
+  if (Status s = moment1.allocate(P, "the first moment", code); !s.ok()) return undo(s);
+  if (Status s = moment2.allocate(P, "the second moment", code); !s.ok()) return undo(s);
+  if (Status s = decay.allocate(P, "the decay mask", code); !s.ok()) return undo(s);
   std::vector<uint8_t> mask(P, 0);
   for (const TensorSpec& t : layout.tensors()) {
     if (t.shape.size() >= 2) std::fill(mask.begin() + t.offset, mask.begin() + t.offset + t.count, uint8_t{1});
@@ -354,11 +360,8 @@ Status GptCuda::Impl::ensure_optimizer() {
   if (s.ok()) s = check(cudaMemsetAsync(moment2.get(), 0, P * sizeof(float), stream), "zeroing the moments");
   if (s.ok()) s = check(cudaMemcpyAsync(decay.get(), mask.data(), P, cudaMemcpyHostToDevice, stream), "decay mask");
   if (s.ok()) s = check(cudaStreamSynchronize(stream), "starting the optimizer");  // `mask` dies here
-  if (!s.ok()) {
-    moment1.reset();  // retried by the next step
-    moment2.reset();
-  }
-  return s;
+  if (s.ok()) s = norm.allocate(1 + cuda::sum_of_squares_scratch_doubles(), "the norm scratch", code);
+  return s.ok() ? s : undo(s);
 }
 
 Status GptCuda::Impl::gemm(cublasOperation_t ta, cublasOperation_t tb, size_t rows, size_t cols, size_t depth,
@@ -808,7 +811,7 @@ size_t GptCuda::adamw_steps() const { return impl_->adamw_steps; }
 Status GptCuda::download_adamw_state(float* m_host, float* v_host) {
   Impl& m = *impl_;
   if (m_host == nullptr || v_host == nullptr) return invalid("download_adamw_state: null host pointer");
-  if (m.moment1.get() == nullptr) {
+  if (m.norm.get() == nullptr) {  // no optimizer yet (ensure_optimizer)
     std::fill(m_host, m_host + m.total(), 0.0f);
     std::fill(v_host, v_host + m.total(), 0.0f);
     return {};

@@ -137,25 +137,28 @@ __global__ void encoder_backward_wpe_kernel(float* dwpe, const float* dout, size
   }
 }
 
+// The statistics and the normalisation in double, the output rounded once,
+// as the CPU model does (model/kernels.cc: the residual stream's values can
+// be large against their spread, and float's x - mean then loses digits).
 __global__ void layernorm_forward_kernel(float* out, float* mean, float* rstd, const float* inp, const float* weight,
                                          const float* bias, size_t N, size_t C) {
   const WarpRows w = warp_rows();
   for (size_t row = w.first; row < N; row += w.stride) {
     const float* x = inp + row * C;
-    float sum = 0;
+    double sum = 0;
     for (size_t i = w.lane; i < C; i += kWarp) sum += x[i];
-    const float m = warp_sum(sum) / static_cast<float>(C);
-    float var = 0;
+    const double m = warp_sum(sum) / static_cast<double>(C);
+    double var = 0;
     for (size_t i = w.lane; i < C; i += kWarp) {
-      float d = x[i] - m;
+      const double d = x[i] - m;
       var += d * d;
     }
-    const float s = 1.0f / sqrtf(warp_sum(var) / static_cast<float>(C) + kLayerNormEps);
+    const double s = 1.0 / sqrt(warp_sum(var) / static_cast<double>(C) + kLayerNormEps);
     float* o = out + row * C;
-    for (size_t i = w.lane; i < C; i += kWarp) o[i] = (x[i] - m) * s * weight[i] + bias[i];
+    for (size_t i = w.lane; i < C; i += kWarp) o[i] = static_cast<float>((x[i] - m) * s * weight[i] + bias[i]);
     if (w.lane == 0) {
-      mean[row] = m;
-      rstd[row] = s;
+      mean[row] = static_cast<float>(m);
+      rstd[row] = static_cast<float>(s);
     }
   }
 }
@@ -367,7 +370,8 @@ __global__ void sum_of_squares_finish_kernel(double* out, const double* partial,
   if (threadIdx.x == 0) *out = acc;
 }
 
-// The same float operations, in the same order, as model/adamw.cc.
+// The same float operations, in the same order, as model/adamw.cc; nvcc
+// fuses multiply-adds (--fmad), so the last bits may differ from the CPU's.
 __global__ void adamw_kernel(float* params, float* grads, float* m, float* v, const uint8_t* decay, size_t n,
                              AdamWScalars s) {
   for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <string_view>
 #include <utility>
 
@@ -208,6 +209,12 @@ struct NcclComm::Impl {
   // Recorded after every enqueue; the stream runs in order, so when it has
   // passed, every collective before it is done too.
   cudaEvent_t done_event = nullptr;
+  // Recorded on the legacy default stream before each enqueue, and waited
+  // for by `stream`: the caller's writes to the buffer on that stream (a
+  // cudaMemcpy from pageable memory returns before its last DMA) land
+  // before the collective reads it. One way only: the default stream never
+  // waits for a collective, so a stuck one cannot hang other CUDA work.
+  cudaEvent_t ready_event = nullptr;
   // The barrier's one float: NCCL has no barrier, a 1-element allreduce is one.
   void* scratch = nullptr;
   bool init_done = false;
@@ -301,6 +308,7 @@ NcclComm::Impl::~Impl() {
   }
   // After the communicator, which may still have work on the stream.
   if (done_event != nullptr) (void)cudaEventDestroy(done_event);
+  if (ready_event != nullptr) (void)cudaEventDestroy(ready_event);
   if (stream != nullptr) (void)cudaStreamDestroy(stream);
   if (scratch != nullptr) (void)cudaFree(scratch);
 }
@@ -363,6 +371,9 @@ Result<std::unique_ptr<NcclComm>> NcclComm::start(const std::string& unique_id, 
   if (cudaError_t e = cudaEventCreateWithFlags(&s->done_event, cudaEventDisableTiming); e != cudaSuccess) {
     return cuda_failed("creating the completion event", e);
   }
+  if (cudaError_t e = cudaEventCreateWithFlags(&s->ready_event, cudaEventDisableTiming); e != cudaSuccess) {
+    return cuda_failed("creating the ordering event", e);
+  }
   if (cudaError_t e = cudaMalloc(&s->scratch, sizeof(float)); e != cudaSuccess) {
     return cuda_failed("allocating the barrier's scratch element", e);
   }
@@ -370,6 +381,12 @@ Result<std::unique_ptr<NcclComm>> NcclComm::start(const std::string& unique_id, 
     return cuda_failed("clearing the barrier's scratch element", e);
   }
 
+  // NCCL 2.22+ connects to the peers on a collective's first use, inside
+  // the launch, which then waits for all of them on the engine's thread;
+  // connecting during init instead keeps that wait in the polled init.
+  // (The process's own setting wins; set once, before any init reads it.)
+  static std::once_flag connect_at_init;
+  std::call_once(connect_at_init, [] { ::setenv("NCCL_RUNTIME_CONNECT", "0", /*overwrite=*/0); });
   ncclUniqueId id;
   std::memcpy(id.internal, unique_id.data(), sizeof id.internal);
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
@@ -438,6 +455,12 @@ Status NcclComm::enqueue(CollectiveKind kind, void* data, size_t count, DType dt
   if (!segment) return segment.error();
 
   DeviceScope scope(s.device);
+  cudaError_t ordered = cudaEventRecord(s.ready_event, cudaStreamLegacy);
+  if (ordered == cudaSuccess) ordered = cudaStreamWaitEvent(s.stream, s.ready_event, 0);
+  if (ordered != cudaSuccess) {
+    return s.fail(Status(ErrorCode::handler_failed, fmt::format("nccl: {}: ordering after the default stream: {}",
+                                                                what(), cudaGetErrorString(ordered))));
+  }
   auto* base = static_cast<char*>(data);
   void* mine = base + segment->offset_elems * dtype_size(dtype);  // this rank's segment, in place
   ncclResult_t r = ncclSuccess;

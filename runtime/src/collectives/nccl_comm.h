@@ -11,9 +11,13 @@
 //                comm->enqueue(...); poll comm->done_state() until done
 //   on timeout:  comm->abort(), then make a new communicator
 //
-// The communicator is non-blocking (ncclConfig_t::blocking = 0): init and
-// the first collectives (which connect to the peers) run on NCCL's own
-// threads, and a failed or lost peer shows up in a poll instead of as a hang.
+// The communicator is non-blocking (ncclConfig_t::blocking = 0): init runs
+// on NCCL's own threads, and a failed or lost peer shows up in a poll
+// instead of as a hang. The connections to the peers are made during init
+// (NCCL_RUNTIME_CONNECT=0, unless the process set it): a collective's
+// launch that had to connect would wait for every peer to reach the same
+// collective inside enqueue(), up to the poll timeout. (With the process's
+// own NCCL_RUNTIME_CONNECT=1, enqueue() may wait so, bounded.)
 //
 // In a build without NCCL (no CUDA toolkit, or no nccl.h / libnccl there)
 // this header is the same and every call answers ErrorCode::unsupported.
@@ -108,9 +112,12 @@ class NcclComm {
   /// of range, init not done yet); timeout (NCCL still "in progress" after
   /// the poll timeout: abort); the error that broke the communicator, or
   /// "communicator aborted", once it is broken.
+  /// The collective runs after the work enqueued before it on the legacy
+  /// default stream (the caller's cudaMemcpy into the buffer, say).
   /// REQUIRES: the memory stays valid and untouched until done_state() is
   /// done, or until abort() once anything failed (NCCL may still be using
-  /// it); every rank enqueues the same collectives in the same order.
+  /// it); writes made on other streams are synchronised by the caller
+  /// first; every rank enqueues the same collectives in the same order.
   Status enqueue(CollectiveKind kind, void* data, size_t count, DType dtype, ReduceOp op, int root);
 
   /// Where the collectives enqueued so far stand (they run in order, so done
