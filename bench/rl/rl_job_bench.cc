@@ -134,9 +134,11 @@ void weight_sync(Session& s, const std::string& name, const std::string& text, i
 
 // Train steps on a 2-rank trainer mesh: the same supervised batches with
 // the optimizer state replicated (allreduce of the gradients) and sharded
-// (ZeRO-1: reduce-scatter, a step of each rank's half, allgather). Returns
-// the mean step seconds and the moments' floats rank 0 holds.
-std::pair<double, uint64_t> train_steps(Session& s, const std::string& text, int steps) {
+// (ZeRO-1: reduce-scatter, a step of each rank's half, allgather), and,
+// with `backup`, the driver's snapshot round after each (trainer.shard_backup:
+// each rank's snapshot of its segment, then the next rank's one-sided read
+// of it). Returns the mean step seconds and the moments' floats rank 0 holds.
+std::pair<double, uint64_t> train_steps(Session& s, const std::string& text, int steps, bool backup = false) {
   auto config = config::parse_rl_config(text).value();
   PlacementGroupSpec spec;
   spec.bundles.assign(2, Bundle{{{"CPU", 1}}});
@@ -164,6 +166,13 @@ std::pair<double, uint64_t> train_steps(Session& s, const std::string& text, int
       f.push_back(ranks.member(r).ask(trainer::TrainStep{true, batch(), 0.5, static_cast<uint64_t>(i), false}));
     }
     for (auto& x : f) (void)x.get().value();
+    if (backup) {
+      std::vector<trainer::ShardSnapshot> snaps;
+      for (size_t r = 0; r < 2; ++r) snaps.push_back(ranks.member(r).ask(trainer::SnapshotShard{}).get().value());
+      std::vector<Future<void>> b;
+      for (size_t r = 0; r < 2; ++r) b.push_back(ranks.member(r).ask(trainer::BackUpShard{snaps[1 - r]}));
+      for (auto& x : b) (void)x.get().value();
+    }
     if (i > 0) total += bench::seconds_since(t0);  // the first step warms the processes up
   }
   const uint64_t held = ranks.member(0).ask(trainer::GetTrainerInfo{}).get().value().optimizer_floats;
@@ -185,6 +194,10 @@ void zero1(Session& s, bool quick) {
        whole_s, "report");
   emit("rl_zero1", "optimizer moment floats per rank, sharded", static_cast<double>(shard_held), "floats",
        "replicated", static_cast<double>(whole_held), "0.5");
+  auto [backup_s, backup_held] = train_steps(s, base + "shard_optimizer = true\n", steps, true);
+  (void)backup_held;
+  emit("rl_zero1", "train step seconds, 2 ranks, sharded, with the in-memory backup round", backup_s, "s",
+       "the same steps, sharded without it", shard_s, "report");
 }
 
 void rollout_throughput(Session& s, const std::string& text, size_t groups) {

@@ -396,6 +396,7 @@ Result<RlConfig> parse_rl_config(std::string_view text, std::string_view source_
     r.count("ranks", c.trainer.ranks, 1, 1024);
     r.count("threads", c.trainer.threads, 1, 1024);
     r.boolean("shard_optimizer", c.trainer.shard_optimizer);
+    r.boolean("shard_backup", c.trainer.shard_backup);
     r.choice("device", c.trainer.device, kDevices);
     r.choice("precision", c.trainer.precision, kPrecisions);
     r.number("gpus_per_rank", c.trainer.gpus_per_rank, 0.01, 64);
@@ -519,6 +520,7 @@ std::string rl_config_json(const RlConfig& c) {
   j["trainer"] = {{"ranks", c.trainer.ranks},
                   {"threads", c.trainer.threads},
                   {"shard_optimizer", c.trainer.shard_optimizer},
+                  {"shard_backup", c.trainer.shard_backup},
                   {"device", name_of(kDevices, c.trainer.device)},
                   {"precision", name_of(kPrecisions, c.trainer.precision)},
                   {"gpus_per_rank", c.trainer.gpus_per_rank}};

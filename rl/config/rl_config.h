@@ -152,6 +152,12 @@ struct TrainerConfig {
   /// parameters only (1/ranks of them): gradients are reduce-scattered,
   /// each rank updates its shard, and the ranks allgather the parameters.
   bool shard_optimizer = false;
+  /// ZeRO-1: a lost rank is recovered in memory. After every update each
+  /// rank snapshots its segment (parameters and moments) and the next rank
+  /// backs it up, the last two of each kept: 12 x parameters / ranks more
+  /// floats per rank, and the reference policy's copy. false: a lost rank
+  /// sends the job back to its last checkpoint.
+  bool shard_backup = true;
   /// Where each rank's forward and backward run: the CPU (its `threads`),
   /// or a CUDA GPU (model/device_model.h; the optimizer, the gradient
   /// allreduce and checkpoints stay on the host). Rank r takes device

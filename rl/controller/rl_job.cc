@@ -314,6 +314,9 @@ class Job {
  private:
   /// ZeRO-1: the ranks hold segments of the optimizer state.
   bool sharded() const { return c_.trainer.shard_optimizer && c_.trainer.ranks > 1; }
+  /// ZeRO-1 in memory: each rank snapshots its segment after every update
+  /// and the next rank backs it up (trainer.shard_backup).
+  bool shard_backup() const { return sharded() && c_.trainer.shard_backup; }
   void say(const std::string& line) {
     if (options_.progress) {
       options_.progress(line);
@@ -343,10 +346,24 @@ class Job {
   // from the ranks, in place.
   Status score_values(std::vector<trainer::WireSequence>& seqs);
   Status recover_trainers(const std::vector<size_t>& ok_ranks);
+  // ZeRO-1 in memory: every rank back at the last committed update, each
+  // segment from its own rank or its successor's backup.
+  Status recover_shards(const std::vector<trainer::TrainerInfo>& infos);
+  // ZeRO-1 in memory: every rank snapshots its segment, then backs up the
+  // previous rank's; the snapshot round of an update.
+  Status snapshot_shards();
+  // A new collective group for the trainer mesh, joined by every rank.
+  Status regroup_trainers();
+  // The replicas' parameters agree, bit for bit.
+  Status check_replicas();
   // Every rank's TrainerInfo (the asks wait for restarting ranks).
   Result<std::vector<trainer::TrainerInfo>> trainer_infos() const;
   Status publish_and_sync(uint64_t version, json& timing);
   Status sync_engine(size_t engine);
+  // The published weights' rank 0 is the one that published them; after
+  // it restarted, every rank takes the job's state and rank 0 publishes the
+  // same version again.
+  Status ensure_publisher();
   Result<double> evaluate(uint64_t version);
   // One played episode of a multi-turn environment.
   struct Played {
@@ -397,6 +414,10 @@ class Job {
   // The ranks' optimizer steps in the current phase (each TrainStep says
   // it, so that a rank that lost its state refuses to train).
   uint64_t optimizer_steps_ = 0;
+  // ZeRO-1 in memory: the last complete snapshot round's snapshots (for a
+  // survivor's reference policy) and the version all ranks have.
+  std::vector<trainer::ShardSnapshot> snapshots_;
+  std::optional<trainer::ShardVersion> snapshot_version_;
   static constexpr int kMaxGroupFailures = 5;
   std::mutex failures_mu_;
   std::map<uint64_t, int> group_failures_;  // REQUIRES: failures_mu_
@@ -457,19 +478,31 @@ Result<StepResult> Job::train_step(const std::vector<trainer::WireSequence>& seq
   for (int attempt = 0;; ++attempt) {
     auto out = train_ranks(*meshes_.trainers, seqs, supervised, c_.algorithm.loss.aggregation, optimizer_steps_,
                            rl_phase_, timeout_);
-    if (out.failed.empty()) {
-      if (out.combined.trained) ++optimizer_steps_;
-      out.combined.updates = out.combined.trained ? 1 : 0;
-      return out.combined;
-    }
     std::string why;
+    if (out.failed.empty()) {
+      // ZeRO-1 in memory: the update counts once every segment is in two places.
+      Status snap = out.combined.trained ? snapshot_shards() : Status();
+      if (snap.ok()) {
+        if (out.combined.trained) ++optimizer_steps_;
+        out.combined.updates = out.combined.trained ? 1 : 0;
+        return out.combined;
+      }
+      why = "the snapshot round after the update: " + snap.message();
+      out.ok_ranks.clear();  // back to the last committed update
+    }
     for (const auto& [r, st] : out.failed) {
       why += (why.empty() ? "" : "; ") + std::string("trainer rank ") + std::to_string(r) + ": " + st.message();
     }
-    if (attempt == 4) return error(out.failed[0].second.code(), why);
+    if (attempt == 4) return error(out.failed.empty() ? ErrorCode::peer_lost : out.failed[0].second.code(), why);
     const auto start = Clock::now();
     if (Status s = recover_trainers(out.ok_ranks); !s.ok()) {
       return error(s.code(), why + "; recovery failed: " + s.message());
+    }
+    if (sharded()) {
+      fault(why, "every rank back at its shard after update " + std::to_string(optimizer_steps_) +
+                     " (a lost rank's from its successor's backup); new collective group; update redone",
+            seconds_since(start));
+      continue;
     }
     if (!out.ok_ranks.empty()) {
       // A rank applied the step before another was lost: the step stands,
@@ -568,6 +601,15 @@ Status Job::recover_trainers(const std::vector<size_t>& ok_ranks) {
   auto got = trainer_infos();
   if (!got) return got.error();
   const std::vector<trainer::TrainerInfo>& infos = *got;
+  if (sharded()) {
+    if (!shard_backup()) {
+      // ZeRO-1 without backups: the lost rank's segment of the optimizer state was only there.
+      resume_from_checkpoint_ = true;
+      return Status(ErrorCode::peer_lost, "a trainer rank's optimizer shard was lost (shard_optimizer without "
+                                          "shard_backup): resume from the last checkpoint with --resume");
+    }
+    return recover_shards(infos);
+  }
   // The state to copy: a rank that applied the step, else one whose state
   // is the job's (its phase and optimizer steps: a rank that restarted has
   // a fresh one).
@@ -585,12 +627,6 @@ Status Job::recover_trainers(const std::vector<size_t>& ok_ranks) {
     return Status(ErrorCode::peer_lost, "no trainer rank has the job's state (every one restarted): resume from the "
                                         "last checkpoint with --resume");
   }
-  if (sharded()) {
-    // ZeRO-1: the lost rank's segment of the optimizer state was only there.
-    resume_from_checkpoint_ = true;
-    return Status(ErrorCode::peer_lost, "a trainer rank's optimizer shard was lost (shard_optimizer): resume from "
-                                        "the last checkpoint with --resume");
-  }
   auto handles = T.member(*source).ask(trainer::ExportTrainerState{}, timeout_).get();
   if (!handles) return Status(handles.error().code(), "exporting rank " + std::to_string(*source) + "'s state: " +
                                                           handles.error().message());
@@ -602,24 +638,114 @@ Status Job::recover_trainers(const std::vector<size_t>& ok_ranks) {
     auto done = f.get();
     if (!done) return Status(done.error().code(), "rank " + std::to_string(r) + " taking the state: " + done.error().message());
   }
-  if (R > 1) {
-    auto groups = T.make_group();
-    if (!groups) return Status(groups.error().code(), "a new collective group: " + groups.error().message());
-    for (size_t r = 0; r < R; ++r) {
-      auto joined = T.member(r).ask(trainer::JoinTrainerGroup{(*groups)[r]}, timeout_).get();
-      if (!joined) return Status(joined.error().code(), "rank " + std::to_string(r) + " joining: " + joined.error().message());
-    }
+  if (Status s = regroup_trainers(); !s.ok()) return s;
+  return check_replicas();
+}
+
+Status Job::regroup_trainers() {
+  const auto& T = *meshes_.trainers;
+  if (T.size() < 2) return {};
+  auto groups = T.make_group();
+  if (!groups) return Status(groups.error().code(), "a new collective group: " + groups.error().message());
+  for (size_t r = 0; r < T.size(); ++r) {
+    auto joined = T.member(r).ask(trainer::JoinTrainerGroup{(*groups)[r]}, timeout_).get();
+    if (!joined) return Status(joined.error().code(), "rank " + std::to_string(r) + " joining: " + joined.error().message());
   }
-  // The replicas agree again, bit for bit.
+  return {};
+}
+
+Status Job::check_replicas() {
   auto after = trainer_infos();
   if (!after) return after.error();
-  for (size_t r = 1; r < R; ++r) {
+  for (size_t r = 1; r < after->size(); ++r) {
     if ((*after)[r].checksum != (*after)[0].checksum) {
-      return Status(ErrorCode::invalid_argument, "after the state copy, rank " + std::to_string(r) +
+      return Status(ErrorCode::invalid_argument, "after the recovery, rank " + std::to_string(r) +
                                                      "'s weights differ from rank 0's");
     }
   }
   return {};
+}
+
+Status Job::snapshot_shards() {
+  if (!shard_backup()) return {};
+  const auto& T = *meshes_.trainers;
+  const size_t R = T.size();
+  std::vector<Future<trainer::ShardSnapshot>> asks;
+  for (size_t r = 0; r < R; ++r) asks.push_back(T.member(r).ask(trainer::SnapshotShard{}, timeout_));
+  std::vector<trainer::ShardSnapshot> snaps;
+  Status first;
+  for (size_t r = 0; r < R; ++r) {
+    auto s = asks[r].get();
+    if (!s && first.ok()) first = Status(s.error().code(), "trainer rank " + std::to_string(r) + ": " + s.error().message());
+    snaps.push_back(s ? *s : trainer::ShardSnapshot{});
+  }
+  if (!first.ok()) return first;
+  std::vector<Future<void>> backups;
+  for (size_t r = 0; r < R; ++r) backups.push_back(T.member(r).ask(trainer::BackUpShard{snaps[(r + R - 1) % R]}, timeout_));
+  for (size_t r = 0; r < R; ++r) {
+    auto b = backups[r].get();
+    if (!b && first.ok()) first = Status(b.error().code(), "trainer rank " + std::to_string(r) + ": " + b.error().message());
+  }
+  if (!first.ok()) return first;
+  snapshots_ = std::move(snaps);
+  snapshot_version_ = trainer::ShardVersion{snapshots_[0].optimizer_steps, snapshots_[0].rl_phase};
+  return {};
+}
+
+Status Job::recover_shards(const std::vector<trainer::TrainerInfo>& infos) {
+  const auto& T = *meshes_.trainers;
+  const size_t R = T.size();
+  const trainer::ShardVersion at{optimizer_steps_, rl_phase_};
+  auto holds = [&at](const std::vector<trainer::ShardVersion>& v) { return std::find(v.begin(), v.end(), at) != v.end(); };
+  auto lost = [&](const std::string& why) {
+    resume_from_checkpoint_ = true;
+    return Status(ErrorCode::peer_lost, why + ": resume from the last checkpoint with --resume");
+  };
+  // Each rank's way back: its own state or snapshot (a rank that restarted
+  // has no snapshot), else its successor's backup of its segment.
+  std::vector<std::optional<trainer::ShardSnapshot>> from(R);
+  std::optional<size_t> keeper;
+  for (size_t r = 0; r < R; ++r) {
+    const bool live = infos[r].optimizer_steps == at.optimizer_steps && infos[r].rl_phase == at.rl_phase;
+    if (holds(infos[r].snapshots) || (live && !infos[r].snapshots.empty())) {
+      if (!keeper) keeper = r;
+      continue;
+    }
+    const size_t next = (r + 1) % R;
+    if (!holds(infos[next].backups)) {
+      return lost("trainer rank " + std::to_string(r) + "'s optimizer shard after update " +
+                  std::to_string(at.optimizer_steps) + " is on neither it nor rank " + std::to_string(next) +
+                  " (both were lost)");
+    }
+    auto b = T.member(next).ask(trainer::ExportBackup{at}, timeout_).get();
+    if (!b) return lost("rank " + std::to_string(next) + " could not give its backup: " + b.error().message());
+    from[r] = *b;
+  }
+  if (!keeper) return lost("no trainer rank kept its optimizer shard (every one restarted)");
+  RemoteBuffer reference;
+  if (*keeper < snapshots_.size()) reference = snapshots_[*keeper].reference;
+  // The restarted ranks learn their segments by joining; then every rank
+  // goes back to `at`; then every segment goes to every rank.
+  if (Status s = regroup_trainers(); !s.ok()) return s;
+  std::vector<Future<void>> restores;
+  for (size_t r = 0; r < R; ++r) {
+    trainer::RestoreShard m{at, from[r].value_or(trainer::ShardSnapshot{}), from[r] ? reference : RemoteBuffer()};
+    restores.push_back(T.member(r).ask(m, timeout_));
+  }
+  for (size_t r = 0; r < R; ++r) {
+    auto done = restores[r].get();
+    if (!done) return Status(done.error().code(), "rank " + std::to_string(r) + " going back to its shard: " +
+                                                      done.error().message());
+  }
+  std::vector<Future<void>> gathers;
+  for (size_t r = 0; r < R; ++r) gathers.push_back(T.member(r).ask(trainer::GatherParams{}, timeout_));
+  for (size_t r = 0; r < R; ++r) {
+    auto done = gathers[r].get();
+    if (!done) return Status(done.error().code(), "rank " + std::to_string(r) + ": " + done.error().message());
+  }
+  if (Status s = check_replicas(); !s.ok()) return s;
+  // Every segment in two places again (the restarted ranks hold none yet).
+  return snapshot_shards();
 }
 
 Result<std::vector<trainer::TrainerInfo>> Job::trainer_infos() const {
@@ -666,7 +792,7 @@ Status Job::warmup() {
   }
   rl_phase_ = true;
   optimizer_steps_ = 0;  // the RL phase's optimizer starts afresh
-  return {};
+  return snapshot_shards();
 }
 
 Status Job::sync_engine(size_t e) {
@@ -729,6 +855,26 @@ Status Job::publish_and_sync(uint64_t version, json& timing) {
   return {};
 }
 
+Status Job::ensure_publisher() {
+  auto infos = trainer_infos();
+  if (!infos) return infos.error();
+  if ((*infos)[0].pid == published_->publisher_pid) return {};
+  const auto start = Clock::now();
+  const uint64_t version = published_->version;
+  if (Status s = recover_trainers({}); !s.ok()) {
+    return Status(s.code(), "trainer rank 0, which published version " + std::to_string(version) +
+                                ", restarted, and the ranks could not take the job's state again: " + s.message());
+  }
+  auto pub = meshes_.trainers->member(0).ask(trainer::PublishWeights{version}, timeout_).get();
+  if (!pub) return Status(pub.error().code(), "publishing version " + std::to_string(version) + " again: " +
+                                                  pub.error().message());
+  published_ = *pub;
+  fault("trainer rank 0 restarted after publishing version " + std::to_string(version),
+        "every rank took the job's state; version " + std::to_string(version) + " published again",
+        seconds_since(start));
+  return {};
+}
+
 Status Job::handle_faults() {
   for (auto& e : inbox_->drain()) {
     const auto& f = e.failure;
@@ -741,6 +887,11 @@ Status Job::handle_faults() {
     fault(what, action, 0);
   }
   if (!published_) return {};
+  if (!resync_.empty()) {
+    // Colocated, an engine dies with its rank: when that was rank 0, the
+    // published weights went with it.
+    if (Status s = ensure_publisher(); !s.ok()) return s;
+  }
   for (auto it = resync_.begin(); it != resync_.end();) {
     const auto start = Clock::now();
     if (Status s = sync_engine(*it); !s.ok()) {
@@ -1063,7 +1214,10 @@ Result<JobResult> Job::run() {
     auto s = resume();
     if (!s) return error(s.error());
     first_step = *s;
-  } else if (c_.model.init == config::ModelInit::warmup && c_.warmup.steps > 0) {
+  }
+  // ZeRO-1 in memory: the starting state (or the resumed one), in two places.
+  if (Status s = snapshot_shards(); !s.ok()) return error(s.code(), "the first shard snapshots: " + s.message());
+  if (!options_.resume && c_.model.init == config::ModelInit::warmup && c_.warmup.steps > 0) {
     if (Status s = warmup(); !s.ok()) return error(s);
   }
   step_ = first_step;

@@ -296,7 +296,7 @@ PublishedWeights TrainerRank::handle(const PublishWeights& m) {
     published_ = std::move(*reg);
   }
   std::memcpy(published_.data(), gpt.params(), n * sizeof(float));
-  return {published_.handle(), m.version, n};
+  return {published_.handle(), m.version, n, static_cast<int64_t>(::getpid())};
 }
 
 void TrainerRank::handle(const StartRlPhase&) {

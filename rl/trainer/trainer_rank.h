@@ -106,7 +106,10 @@ struct PublishedWeights {
   uint64_t version = 0;
   /// Floats in the buffer (the layout's total).
   uint64_t floats = 0;
-  TROUPE_FIELDS(buffer, version, floats);
+  /// The publishing rank's process: a buffer whose publisher restarted is
+  /// gone, and must be published again.
+  int64_t publisher_pid = 0;
+  TROUPE_FIELDS(buffer, version, floats, publisher_pid);
 };
 
 /// Copies the parameters into the rank's published buffer as `version`.

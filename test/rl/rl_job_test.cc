@@ -418,12 +418,58 @@ TEST_CASE("rl job: ZeRO-1 on 2 ranks keeps the replicas equal, checkpoints every
   check_same_steps(a, b, 3, 6);
 }
 
-TEST_CASE("rl job: ZeRO-1: kill -9 of a trainer rank goes back to the last checkpoint, and the run finishes and "
-          "learns",
+TEST_CASE("rl job: ZeRO-1: kill -9 of a trainer rank is recovered in memory from the next rank's backup, and the "
+          "run takes the uninterrupted run's steps bit for bit",
+          "[rl][job]") {
+  TempDir whole, part;
+  auto s = session();
+  const std::string zero = "[trainer]\nranks = 2\nshard_optimizer = true\n[rollout]\nengines = 2\n";
+  const std::string text = small_job("", 6, zero);
+  auto full = quiet_options(whole.path);
+  std::vector<uint64_t> want;
+  full.after_step = [&](size_t, const controller::JobProbe& probe) { want.push_back(probe.trainer_checksums().at(0)); };
+  REQUIRE(controller::run_rl_job(s->runtime(), s->cluster(), text, full));
+  REQUIRE(want.size() == 6);
+
+  // Rank 1 after step 2, rank 0 (which publishes the weights) after step 4.
+  auto cut = quiet_options(part.path);
+  std::vector<uint64_t> got;
+  std::vector<std::string> killed;
+  cut.after_step = [&](size_t step, const controller::JobProbe& probe) {
+    auto sums = probe.trainer_checksums();
+    REQUIRE(sums.size() == 2);
+    CHECK(sums[0] == sums[1]);
+    got.push_back(sums[0]);
+    if (step == 2 || step == 4) {
+      const size_t rank = step == 2 ? 1 : 0;
+      const int64_t pid = probe.trainer_pids().at(rank);
+      REQUIRE(pid > 0);
+      REQUIRE(::kill(static_cast<pid_t>(pid), SIGKILL) == 0);
+      killed.push_back("rank " + std::to_string(rank));
+    }
+  };
+  auto r = controller::run_rl_job(s->runtime(), s->cluster(), text, cut);
+  if (!r) FAIL(r.error().message());
+  CHECK(killed.size() == 2);
+  CHECK(got == want);  // every step's weights, bit for bit
+  check_same_steps(events(whole.path / "metrics.jsonl", "step"), events(part.path / "metrics.jsonl", "step"), 0, 6);
+  size_t in_memory = 0;
+  for (const auto& f : events(part.path / "metrics.jsonl", "fault")) {
+    INFO(f.dump());
+    const std::string action = f["action"];
+    CHECK(action.find("checkpoint") == std::string::npos);
+    in_memory += action.find("back at its shard") != std::string::npos;
+  }
+  CHECK(in_memory >= 1);
+  CHECK(events(part.path / "metrics.jsonl", "resume").empty());
+}
+
+TEST_CASE("rl job: ZeRO-1 without shard_backup: kill -9 of a trainer rank goes back to the last checkpoint, and the "
+          "run finishes and learns",
           "[rl][job][learning]") {
   TempDir dir;
   auto s = session();
-  const std::string text = main_example_on_two(false, "\nshard_optimizer = true");
+  const std::string text = main_example_on_two(false, "\nshard_optimizer = true\nshard_backup = false");
   controller::JobOptions options = quiet_options(dir.path);
   bool killed = false;
   options.after_step = [&](size_t step, const controller::JobProbe& probe) {
