@@ -512,7 +512,7 @@ Status TrainerRank::registered_copy(BufferRegistration& reg, const float* src, s
     if (!r) return Status(r.error().code(), "trainer: cannot register a shard snapshot: " + r.error().message());
     reg = std::move(*r);
   }
-  if (bytes > 0) std::memcpy(reg.data(), src, bytes);
+  if (bytes > 0 && src != nullptr) std::memcpy(reg.data(), src, bytes);
   return {};
 }
 
@@ -564,13 +564,14 @@ Status TrainerRank::store_copy(ShardCopy& c, const ShardSnapshot& meta, const fl
                                const float* v) {
   c.meta.reset();  // invalid until all of it is in
   const size_t seg = meta.end - meta.begin;
-  for (Status s : {registered_copy(c.params, params, seg), registered_copy(c.m, m, seg), registered_copy(c.v, v, seg)}) {
+  ShardRegistrations& r = *c.regs;
+  for (Status s : {registered_copy(r.params, params, seg), registered_copy(r.m, m, seg), registered_copy(r.v, v, seg)}) {
     if (!s.ok()) return s;
   }
   ShardSnapshot stored = meta;
-  stored.params = c.params.handle();
-  stored.m = c.m.handle();
-  stored.v = c.v.handle();
+  stored.params = r.params.handle();
+  stored.m = r.m.handle();
+  stored.v = r.v.handle();
   c.meta = stored;
   return {};
 }
@@ -603,23 +604,51 @@ Deferred<void> TrainerRank::handle(const BackUpShard& m) {
     reply.fail(s);
     return reply;
   }
-  // Read whole before anything is replaced: the older backup is kept until
-  // the new one is in.
-  auto in = std::make_shared<IncomingShard>();
-  const ShardSnapshot from = m.from;
-  auto read = [this, in](const RemoteBuffer& b, void* dst, size_t n) { return read_buffer_into(b, in, dst, n); };
-  read_shard(read, from, RemoteBuffer(), P, in, [this, in, from, reply]() mutable {
-    if (!in->failed.ok()) {
-      return reply.fail(Status(in->failed.code(), "trainer: backing up the shard [" + std::to_string(from.begin) +
-                                                      ", " + std::to_string(from.end) + "): " + in->failed.message()));
+  if (backup_reading_) {
+    reply.fail(Status(ErrorCode::already_exists, "trainer: a backup is already being read; wait for its reply"));
+    return reply;
+  }
+  // Straight into the older backup's registrations (invalid while they
+  // fill): the newer one stays whole until this one is in.
+  const size_t slot = next_backup_, seg = m.from.end - m.from.begin;
+  ShardCopy& c = backups_[slot];
+  c.meta.reset();
+  ShardRegistrations& regs = *c.regs;
+  for (Status s : {registered_copy(regs.params, nullptr, seg), registered_copy(regs.m, nullptr, seg),
+                   registered_copy(regs.v, nullptr, seg)}) {
+    if (!s.ok()) {
+      reply.fail(s);
+      return reply;
     }
-    ShardSnapshot meta = from;
-    meta.reference = RemoteBuffer();
-    ShardCopy& c = backups_[next_backup_];
-    if (Status s = store_copy(c, meta, in->params.data(), in->m.data(), in->v.data()); !s.ok()) return reply.fail(s);
-    next_backup_ ^= 1;
+  }
+  backup_reading_ = true;
+  struct Left {
+    int reads = 3;
+    Status failed;
+  };
+  auto left = std::make_shared<Left>();
+  ShardSnapshot meta = m.from;
+  meta.reference = RemoteBuffer();
+  meta.params = regs.params.handle();
+  meta.m = regs.m.handle();
+  meta.v = regs.v.handle();
+  auto done = [this, left, meta, slot, reply](Result<void> r) mutable {
+    if (!r && left->failed.ok()) left->failed = r.error();
+    if (--left->reads > 0) return;
+    backup_reading_ = false;
+    if (!left->failed.ok()) {
+      return reply.fail(Status(left->failed.code(), "trainer: backing up the shard [" + std::to_string(meta.begin) +
+                                                        ", " + std::to_string(meta.end) + "): " + left->failed.message()));
+    }
+    backups_[slot].meta = meta;
+    next_backup_ = slot ^ 1;
     reply.complete();
-  });
+  };
+  // The reads keep the registrations alive (c.regs), whatever happens here.
+  const size_t bytes = seg * sizeof(float);
+  read_buffer_into(m.from.params, c.regs, regs.params.data(), bytes).then(done);
+  read_buffer_into(m.from.m, c.regs, regs.m.data(), bytes).then(done);
+  read_buffer_into(m.from.v, c.regs, regs.v.data(), bytes).then(done);
   return reply;
 }
 
@@ -684,8 +713,9 @@ Deferred<void> TrainerRank::handle(const RestoreShard& m) {
     // A rank going back to its own snapshot keeps its reference policy
     // (the phase's: the driver restores to a version of the phase it is in).
     auto floats = [](const BufferRegistration& r) { return static_cast<const float*>(r.data()); };
-    restore_shard(at, floats(mine->params), std::vector<float>(floats(mine->m), floats(mine->m) + seg),
-                  std::vector<float>(floats(mine->v), floats(mine->v) + seg), nullptr);
+    const ShardRegistrations& r = *mine->regs;
+    restore_shard(at, floats(r.params), std::vector<float>(floats(r.m), floats(r.m) + seg),
+                  std::vector<float>(floats(r.v), floats(r.v) + seg), nullptr);
     reply.complete();
     return reply;
   }

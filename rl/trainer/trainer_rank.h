@@ -305,8 +305,12 @@ class TrainerRank : public Actor<TrainerRank, JoinTrainerGroup, TrainStep, Score
   std::vector<double> norm_parts_;
   // ZeRO-1 in memory: this rank's snapshot of its segment, and its backup
   // of the previous rank's (the handles in each point at the registrations).
-  struct ShardCopy {
+  struct ShardRegistrations {
     BufferRegistration params, m, v;
+  };
+  struct ShardCopy {
+    // Shared with the reads that fill a backup, which keep it alive.
+    std::shared_ptr<ShardRegistrations> regs = std::make_shared<ShardRegistrations>();
     std::optional<ShardSnapshot> meta;  // handles at the registrations
   };
   // ZeRO-1 in memory: the last two snapshots of this rank's segment and
@@ -314,6 +318,7 @@ class TrainerRank : public Actor<TrainerRank, JoinTrainerGroup, TrainStep, Score
   // the reference policy the snapshots point at.
   ShardCopy snaps_[2], backups_[2];
   size_t next_snap_ = 0, next_backup_ = 0;
+  bool backup_reading_ = false;
   BufferRegistration snap_reference_;
 
   // (Re)makes the trainer of `weights` with `optim`, this rank's shard
@@ -332,7 +337,8 @@ class TrainerRank : public Actor<TrainerRank, JoinTrainerGroup, TrainStep, Score
   // its outcome (an error names `what` and the rank).
   void collective(CollectiveKind kind, void* data, size_t count, DType dtype, const char* what,
                   std::function<void(Status)> then);
-  // Copies `floats` floats into `reg`, (re)registering it at that size.
+  // Copies `floats` floats into `reg`, (re)registering it at that size
+  // (only the registration when `src` is null).
   Status registered_copy(BufferRegistration& reg, const float* src, size_t floats);
   // Copies a segment into `c` (its registrations), with `meta` for it.
   Status store_copy(ShardCopy& c, const ShardSnapshot& meta, const float* params, const float* m, const float* v);
