@@ -48,7 +48,8 @@ struct MyPid {
   TROUPE_MESSAGE_NAMED(MyPid, "test.coll.MyPid");
 };
 /// How the chunks of the member's group came to its process: {in slots, in
-/// messages, reduced straight into the next rank's slot}.
+/// messages, reduced straight into the next rank's slot, collectives done
+/// through the host arena}.
 struct ChunkCounts {
   TROUPE_MESSAGE_NAMED(ChunkCounts, "test.coll.ChunkCounts");
 };
@@ -75,7 +76,8 @@ class Reducer : public troupe::Actor<Reducer, SetGroup, RunAllReduce, MyPid, Chu
     ask<troupe::mesh::GroupCounters>(group_.engine(self()), troupe::mesh::GroupStats{group_.id})
         .then([reply](troupe::Result<troupe::mesh::GroupCounters> r) mutable {
           if (!r) return reply.fail(r.error());
-          reply.complete(std::vector<uint64_t>{r->chunks_in_slots, r->chunks_in_messages, r->reduced_into_slots});
+          reply.complete(std::vector<uint64_t>{r->chunks_in_slots, r->chunks_in_messages, r->reduced_into_slots,
+                                               r->arena_collectives});
         });
     return reply;
   }
@@ -169,15 +171,19 @@ TEST_CASE("collectives: allreduce across 8 processes matches the reference for s
                              {1001, DType::float32, ReduceOp::min},   {4099, DType::float32, ReduceOp::avg},
                              {300'001, DType::float32, ReduceOp::sum}, {1003, DType::int32, ReduceOp::sum},
                              {1003, DType::int32, ReduceOp::avg}};
-  // Shared memory with 4 MiB chunks; with 4 KiB chunks (37 per segment of
-  // the largest case, more than the 8 slots: senders wait for slots back);
-  // and messages only.
+  // The host arena (all 8 processes are on this host), with 4 KiB chunks
+  // too (a page per rank and round: the largest case takes 37 rounds); the
+  // ring through shared memory with 4 MiB chunks, and with 4 KiB chunks (37
+  // per segment of the largest case, more than the 8 slots: senders wait for
+  // slots back); and the ring with messages only.
   struct Path {
     const char* name;
     troupe::GroupOptions options;
   };
-  for (const Path& path : {Path{"shared memory", {}}, Path{"shared memory, 4 KiB chunks", {.chunk_bytes = 4096}},
-                           Path{"messages", {.shared_memory = false}}}) {
+  for (const Path& path : {Path{"arena", {}}, Path{"arena, 4 KiB chunks", {.chunk_bytes = 4096}},
+                           Path{"ring, shared memory", {.host_arena = false}},
+                           Path{"ring, shared memory, 4 KiB chunks", {.host_arena = false, .chunk_bytes = 4096}},
+                           Path{"ring, messages", {.shared_memory = false}}}) {
     c.give_groups(c.mesh, path.options);
     for (auto& k : cases) {
       INFO(path.name << ": count " << k.count << " dtype " << troupe::dtype_name(k.dtype) << " op "
@@ -234,7 +240,8 @@ TEST_CASE("collectives: a member's process killed during an allreduce fails it o
   for (size_t i = 0; i < 1001; ++i) CHECK((*again[7])[i] == expected(DType::float32, ReduceOp::sum, 8, i));
 }
 
-TEST_CASE("collectives: ranks on one host exchange chunks through shared memory, a group without it uses messages",
+TEST_CASE("collectives: ranks on one host go through the arena, or the ring's shared-memory slots, or messages, as "
+          "the group says",
           "[cluster][collectives]") {
   CollectiveCluster c;
   // 8 ranks, 64 KiB chunks, 80,000 floats: 40,000-byte segments, one chunk
@@ -248,7 +255,20 @@ TEST_CASE("collectives: ranks on one host exchange chunks through shared memory,
   };
   auto counts = [&] { return c.mesh.call(ChunkCounts{}); };
 
-  c.give_groups(c.mesh, troupe::GroupOptions{.chunk_bytes = 64 << 10});
+  // The default: every collective through the arena, no ring chunks.
+  c.give_groups(c.mesh);
+  allreduce();
+  allreduce();
+  auto arena = counts();
+  REQUIRE(arena.ok());
+  for (size_t m = 0; m < 8; ++m) {
+    INFO("member " << m);
+    CHECK((*arena[m])[0] == 0);
+    CHECK((*arena[m])[1] == 0);
+    CHECK((*arena[m])[3] == 2);
+  }
+
+  c.give_groups(c.mesh, troupe::GroupOptions{.host_arena = false, .chunk_bytes = 64 << 10});
   allreduce();
   allreduce();
   auto shm = counts();
@@ -262,6 +282,7 @@ TEST_CASE("collectives: ranks on one host exchange chunks through shared memory,
     // In the second allreduce at least, reduce-scatter steps 0 to 5 went
     // straight on into the next rank's slot (the 7th is this rank's own).
     CHECK((*shm[m])[2] >= 6);
+    CHECK((*shm[m])[3] == 0);
   }
 
   c.give_groups(c.mesh, troupe::GroupOptions{.shared_memory = false});
@@ -273,6 +294,7 @@ TEST_CASE("collectives: ranks on one host exchange chunks through shared memory,
     CHECK((*messages[m])[0] == 0);
     CHECK((*messages[m])[1] == steps);
     CHECK((*messages[m])[2] == 0);
+    CHECK((*messages[m])[3] == 0);
   }
 }
 

@@ -67,10 +67,17 @@ struct GroupOptions {
   /// rank's slots, mapped by the rank before it); false keeps every chunk
   /// in messages over the transport, as between hosts (to compare the two).
   bool shared_memory = true;
+  /// When every rank's process can map one shared segment (all on one host,
+  /// with shared_memory), collectives on CPU memory skip the ring: each rank
+  /// copies its buffer into the group's arena, reduces its own share of
+  /// every rank's data there, and copies the results out (each buffer read
+  /// and written once). False: the ring, as between hosts.
+  bool host_arena = true;
   /// The largest piece a ring step sends at once (4 KiB to 64 MiB): a
   /// segment of more is pipelined in chunks of this size, and each rank
   /// offers the one before it 8 slots of it. Large enough to amortise a
-  /// message, small enough that several are in flight.
+  /// message, small enough that several are in flight. In the arena, the
+  /// data a rank moves per round (at most 32 MiB of slots in all).
   uint64_t chunk_bytes = uint64_t{4} << 20;
 };
 

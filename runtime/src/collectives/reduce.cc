@@ -1,6 +1,8 @@
 #include "collectives/reduce.h"
 
+#include <algorithm>
 #include <bit>
+#include <cstring>
 #include <cstdio>
 #include <cstdlib>
 #include <type_traits>
@@ -161,6 +163,31 @@ void reduce_to(DType dtype, ReduceOp op, std::byte* dst, const std::byte* a, con
     using T = decltype(type);
     combine_to(reinterpret_cast<T*>(dst), reinterpret_cast<const T*>(a), reinterpret_cast<const T*>(b), count_elems,
                f);
+  });
+}
+
+void reduce_many(DType dtype, ReduceOp op, std::byte* dst, const std::byte* const* srcs, size_t n_srcs,
+                 size_t count_elems) {
+  if (count_elems == 0) return;
+  if (n_srcs == 0) contract_broken("reduce_many of no buffers", dtype);
+  check_aligned(dst, dtype);
+  size_t size_bytes = count_elems * dtype_size(dtype);
+  for (size_t q = 0; q < n_srcs; ++q) {
+    check_aligned(srcs[q], dtype);
+    if (srcs[q] != dst && overlap(dst, srcs[q], size_bytes)) contract_broken("reduce_many's dst overlaps a src", dtype);
+  }
+  with_op(dtype, op, [&](auto type, auto f) {
+    using T = decltype(type);
+    // A block at a time through a buffer on the stack: every src of the
+    // block is read before dst is written, so dst may be one of them.
+    constexpr size_t kFoldElems = 1024 / sizeof(T) * 4;
+    T acc[kFoldElems];
+    for (size_t i = 0; i < count_elems; i += kFoldElems) {
+      size_t len = std::min(kFoldElems, count_elems - i);
+      std::memcpy(acc, srcs[0] + i * sizeof(T), len * sizeof(T));
+      for (size_t q = 1; q < n_srcs; ++q) combine(acc, reinterpret_cast<const T*>(srcs[q]) + i, len, f);
+      std::memcpy(dst + i * sizeof(T), acc, len * sizeof(T));
+    }
   });
 }
 

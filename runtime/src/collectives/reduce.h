@@ -36,6 +36,15 @@ void reduce_into(DType dtype, ReduceOp op, std::byte* dst, const std::byte* src,
 /// REQUIRES: as reduce_into, for three buffers none of which overlap.
 void reduce_to(DType dtype, ReduceOp op, std::byte* dst, const std::byte* a, const std::byte* b, size_t count_elems);
 
+/// dst[i] = op(...op(op(srcs[0][i], srcs[1][i]), srcs[2][i])..., srcs[n-1][i])
+/// for i < count_elems: `n_srcs` buffers folded in that order with
+/// reduce_into's element functions (so bfloat16 rounds after every combine,
+/// as along a ring). The host arena's reduce: position r of every rank's slot.
+/// REQUIRES: n_srcs >= 1; every buffer aligned to dtype_size(dtype); dst is
+/// one of srcs or overlaps none of them, and the srcs do not overlap dst.
+void reduce_many(DType dtype, ReduceOp op, std::byte* dst, const std::byte* const* srcs, size_t n_srcs,
+                 size_t count_elems);
+
 /// data[i] /= ranks for i < count_elems: turns the sum an avg accumulated
 /// into the mean (integers truncate toward zero; bfloat16 divides in float
 /// and rounds once).

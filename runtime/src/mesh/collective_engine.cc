@@ -9,6 +9,7 @@
 // received), bounded by the free slots. A dead peer engine, or the group's
 // deadline, fails every collective in progress on the surviving ranks, and
 // breaks the group.
+#include <algorithm>
 #include <cstring>
 
 #include "collectives/reduce.h"
@@ -91,8 +92,94 @@ Result<void> ProcAnchor::handle(const JoinGroup& m) {
     }
   }
   g.ranks[spec.rank];  // this process hosts that rank
+  if (m.arena) {
+    if (!g.arena.arena) {
+      auto p = std::find_if(pending_arenas_.begin(), pending_arenas_.end(),
+                            [&](const auto& e) { return e.first == spec.id; });
+      if (p == pending_arenas_.end()) {
+        return error(ErrorCode::not_found, "collectives: group " + spec.id +
+                                               "'s arena is not mapped in this process (made too long ago?); "
+                                               "make the group again");
+      }
+      g.arena.arena = std::move(p->second);
+      pending_arenas_.erase(p);
+    }
+    return {};  // no ring slots: every collective on CPU memory goes through the arena
+  }
+  std::erase_if(pending_arenas_, [&](const auto& e) { return e.first == spec.id; });
   if (spec.shared_memory && spec.size > 1) offer_slots(g, spec.rank);
   return {};
+}
+
+void ProcAnchor::keep_pending_arena(const std::string& id, collectives::HostArena arena) {
+  constexpr size_t kMaxPending = 16;
+  while (pending_arenas_.size() >= kMaxPending) pending_arenas_.pop_front();
+  pending_arenas_.emplace_back(id, std::make_unique<collectives::HostArena>(std::move(arena)));
+}
+
+Result<collectives::SlotsOffer> ProcAnchor::handle(const MakeArena& m) {
+  auto arena = collectives::HostArena::create(m.ranks, m.chunk_bytes);
+  if (!arena) return error(arena.error());
+  collectives::SlotsOffer offer = arena->offer();
+  keep_pending_arena(m.group, std::move(*arena));
+  return offer;
+}
+
+Result<void> ProcAnchor::handle(const OpenArena& m) {
+  for (const auto& [id, arena] : pending_arenas_) {
+    if (id == m.group) return {};  // this process made it (it hosts rank 0 too)
+  }
+  auto arena = collectives::HostArena::open(m.offer, m.ranks);
+  if (!arena) return error(arena.error());
+  keep_pending_arena(m.group, std::move(*arena));
+  return {};
+}
+
+void ProcAnchor::Group::Arena::close() {
+  if (arena) arena->abort();
+  runners.clear();  // each joins its thread, which the abort let go
+  arena.reset();
+}
+
+void ProcAnchor::run_on_arena(Group& g, uint32_t rank, const Op& op) {
+  auto& runner = g.arena.runners[rank];
+  if (!runner) {
+    AnyRef engine = self();
+    std::string id = g.spec.id;
+    runner = std::make_unique<collectives::ArenaRunner>(
+        *g.arena.arena, rank, [engine, id, rank](uint64_t seq, Status status) {
+          (void)engine.tell(ArenaDone{id, rank, seq, static_cast<uint8_t>(status.code()), status.message()});
+        });
+  }
+  // A little past the group's deadline: the engine's own timer breaks the
+  // group first, with its message; this only bounds a runner left alone.
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(g.spec.timeout_ms) + std::chrono::seconds(1);
+  runner->submit(op.seq,
+                 collectives::ArenaCall{op.kind, op.data, op.count, op.dtype, op.op, op.root, op.signature, op.what},
+                 deadline);
+}
+
+void ProcAnchor::handle(const ArenaDone& m) {
+  auto it = groups_.find(m.group);
+  if (it == groups_.end() || !it->second.broken.ok()) return;
+  Group& g = it->second;
+  auto lr = g.ranks.find(m.rank);
+  if (lr == g.ranks.end()) return;
+  auto op = lr->second.ops.find(m.seq);
+  if (op == lr->second.ops.end()) return;
+  if (m.code == 0) {
+    ++g.counters.arena_collectives;
+    Deferred<void> reply = op->second.reply;
+    lr->second.ops.erase(op);
+    reply.complete();
+    return;
+  }
+  // Broken by another process: its reason comes from it (GroupBroken) or
+  // from its monitor (it died); the collective fails then, with it.
+  if (g.arena.arena && g.arena.arena->broken()) return;
+  auto code = static_cast<ErrorCode>(m.code);
+  if (m.code > static_cast<uint8_t>(ErrorCode::storage)) code = ErrorCode::invalid_argument;
+  break_group(m.group, Status(code, m.why), /*tell_others=*/true);
 }
 
 void ProcAnchor::offer_slots(Group& g, uint32_t rank) {
@@ -201,8 +288,9 @@ Deferred<void> ProcAnchor::handle(const Collective& m) {
   op.gpu = gpu;
   op.root = m.root;
   size_t chunk_elems = std::max<size_t>(1, g.spec.chunk_bytes / dtype_size(m.dtype));
-  // The CPU schedules (NCCL runs its own).
-  if (!gpu) switch (m.kind) {
+  // The CPU schedules (NCCL and the arena run their own).
+  bool arena = !gpu && g.arena.arena != nullptr;
+  if (!gpu && !arena) switch (m.kind) {
     case CollectiveKind::allreduce:
       op.schedule = collectives::ring_allreduce_schedule(g.spec.size, m.rank, m.count, chunk_elems);
       break;
@@ -251,6 +339,8 @@ Deferred<void> ProcAnchor::handle(const Collective& m) {
   });
   if (gpu) {
     gpu_progress(id);
+  } else if (arena) {
+    run_on_arena(g, rank, op);
   } else if (m.kind == CollectiveKind::broadcast || m.kind == CollectiveKind::barrier) {
     pump_peers(g, rank, seq);
   } else {
@@ -490,6 +580,9 @@ void ProcAnchor::break_group(const std::string& id, Status why, bool tell_others
   // the group broken), and its shared memory goes (the peers' mappings
   // keep theirs until they too see it broken).
   if (g.gpu.comm) g.gpu.comm->abort();
+  // The arena's waits end in every process, and this one's runners stop
+  // before the callers hear of it (their buffers are theirs again).
+  g.arena.close();
   g.inboxes.clear();
   g.outboxes.clear();
   for (auto& reply : failed) reply.fail(why);

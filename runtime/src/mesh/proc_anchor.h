@@ -9,11 +9,14 @@
 #include <chrono>
 #include <deque>
 #include <map>
+#include <memory>
 #include <set>
 #include <string>
 #include <vector>
 
 #include "cluster/protocol.h"
+#include "collectives/arena_runner.h"
+#include "collectives/host_arena.h"
 #include "collectives/nccl_comm.h"
 #include "collectives/ring.h"
 #include "collectives/shm_slots.h"
@@ -59,10 +62,40 @@ void fan_out(const std::vector<CastGroup>& groups, size_t from, Send&& send) {
   }
 }
 
-/// Driver -> engine: rank `group.rank` of this process joins the group.
+/// Driver -> engine: rank `group.rank` of this process joins the group;
+/// `arena`: its collectives on CPU memory go through the arena the driver
+/// had made (MakeArena) and mapped in every process of the group (OpenArena).
 struct JoinGroup {
   CollectiveGroup group;
-  TROUPE_MESSAGE_NAMED(JoinGroup, "troupe.mesh.JoinGroup", group);
+  bool arena = false;
+  TROUPE_MESSAGE_NAMED(JoinGroup, "troupe.mesh.JoinGroup", group, arena);
+};
+/// Driver -> the engine of a group's first process, before JoinGroup:
+/// make a host arena for the group (collectives/host_arena.h), answered
+/// with what the others need to map it.
+struct MakeArena {
+  std::string group;
+  uint32_t ranks = 0;
+  uint64_t chunk_bytes = 0;
+  TROUPE_MESSAGE_NAMED(MakeArena, "troupe.mesh.MakeArena", group, ranks, chunk_bytes);
+};
+/// Driver -> the engines of the group's other processes: map that arena
+/// (an error when this process cannot: another host, another namespace).
+struct OpenArena {
+  std::string group;
+  uint32_t ranks = 0;
+  collectives::SlotsOffer offer;
+  TROUPE_MESSAGE_NAMED(OpenArena, "troupe.mesh.OpenArena", group, ranks, offer);
+};
+/// A rank's arena runner -> its engine: collective `seq` of local rank
+/// `rank` ended (code 0: done; otherwise why not).
+struct ArenaDone {
+  std::string group;
+  uint32_t rank = 0;
+  uint64_t seq = 0;
+  uint8_t code = 0;
+  std::string why;
+  TROUPE_MESSAGE_NAMED(ArenaDone, "troupe.mesh.ArenaDone", group, rank, seq, code, why);
 };
 /// Engine -> engine: a ring step's data for rank `to_rank`.
 struct RingChunk {
@@ -112,7 +145,8 @@ struct GroupCounters {
   uint64_t chunks_in_slots = 0;     // read from shared memory
   uint64_t chunks_in_messages = 0;  // carried in the message (non-empty)
   uint64_t reduced_into_slots = 0;  // reduces written straight on to the next rank (reduce_and_send)
-  TROUPE_FIELDS(chunks_in_slots, chunks_in_messages, reduced_into_slots);
+  uint64_t arena_collectives = 0;   // collectives done through the group's host arena
+  TROUPE_FIELDS(chunks_in_slots, chunks_in_messages, reduced_into_slots, arena_collectives);
 };
 
 /// Receiver -> sender (rank `to_rank`): slot `slot` is free again.
@@ -134,7 +168,7 @@ struct GroupBroken {
 
 class ProcAnchor final
     : public Actor<ProcAnchor, AnchorPid, MeshCast, JoinGroup, Collective, RingChunk, GroupBroken, SlotsOffered,
-                   SlotFree, GroupStats, NcclId> {
+                   SlotFree, GroupStats, NcclId, MakeArena, OpenArena, ArenaDone> {
  public:
   /// `rank`: its place in the mesh, shown in the actor table.
   explicit ProcAnchor(uint64_t rank) { (void)rank; }
@@ -149,6 +183,9 @@ class ProcAnchor final
   void handle(const SlotsOffered& m);
   void handle(const SlotFree& m);
   Result<GroupCounters> handle(const GroupStats& m);
+  Result<collectives::SlotsOffer> handle(const MakeArena& m);
+  Result<void> handle(const OpenArena& m);
+  void handle(const ArenaDone& m);
   // Collectives on CUDA memory, through NCCL (nccl_engine.cc).
   void handle(const NcclId& m);
 
@@ -207,6 +244,20 @@ class ProcAnchor final
     };
     std::map<uint32_t, Outbox> outboxes;
     GroupCounters counters;
+    /// The group's host arena, when all its ranks are on this host, and a
+    /// runner per local rank (made on its first collective).
+    struct Arena {
+      std::unique_ptr<collectives::HostArena> arena;
+      std::map<uint32_t, std::unique_ptr<collectives::ArenaRunner>> runners;
+      Arena() = default;
+      Arena(Arena&&) = default;
+      Arena& operator=(Arena&&) = default;
+      /// Breaks the arena for every rank (in every process) and stops the
+      /// runners, so no runner touches a caller's buffer any more.
+      void close();
+      ~Arena() { close(); }
+    };
+    Arena arena;
     /// The group's NCCL communicator (its single local rank's), made on
     /// the first collective on CUDA memory.
     struct Gpu {
@@ -257,11 +308,19 @@ class ProcAnchor final
   /// communicator, enqueues the ops in order once it is up, and answers
   /// them when the GPU is done, polling every millisecond meanwhile.
   void gpu_progress(const std::string& group);
+  /// Hands collective `seq` of local rank `rank` to its arena runner.
+  void run_on_arena(Group& g, uint32_t rank, const Op& op);
+  /// Keeps an arena made or mapped for group `id` until its JoinGroup (a
+  /// few at most: a driver that died before it leaves one behind).
+  void keep_pending_arena(const std::string& id, collectives::HostArena arena);
   /// Fails every collective in progress in the group, for good; with
   /// `tell_others`, the other engines of the group do the same.
   void break_group(const std::string& id, Status why, bool tell_others = false);
 
   std::map<std::string, Group> groups_;
+  /// Arenas made or mapped (MakeArena, OpenArena) whose JoinGroup has not
+  /// come yet, oldest first.
+  std::deque<std::pair<std::string, std::unique_ptr<collectives::HostArena>>> pending_arenas_;
 };
 
 }  // namespace troupe::mesh

@@ -3,10 +3,12 @@
 // are colocated with.
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <map>
 #include <optional>
 
+#include "log.h"
 #include "mesh/proc_anchor.h"
 #include "troupe/mesh.h"
 #include "troupe/detail/relay.h"
@@ -164,6 +166,43 @@ Status detail::mesh_cast(const MeshMembers& members, const Shape& view, MessageB
   return first;
 }
 
+namespace {
+
+/// Makes the group's host arena in the process of its rank 0 and maps it in
+/// the others: true when every process has it (they are all on one host),
+/// false when one cannot (the group then uses the ring).
+bool set_up_arena(const MeshMembers& members, const Shape& view, const CollectiveGroup& spec,
+                  std::chrono::milliseconds timeout) {
+  std::vector<size_t> processes;
+  for (size_t i = 0; i < view.size(); ++i) {
+    size_t p = members.process_of[view.rank(i)];
+    if (std::find(processes.begin(), processes.end(), p) == processes.end()) processes.push_back(p);
+  }
+  auto offer = members.anchors[processes[0]]
+                   .ask<collectives::SlotsOffer>(mesh::MakeArena{spec.id, spec.size, spec.chunk_bytes}, timeout)
+                   .get();
+  if (!offer) {
+    TROUPE_LOG(info, "event=collective_arena_unavailable group={} reason=\"{}\"", spec.id, offer.error().message());
+    return false;
+  }
+  std::vector<Future<void>> opened;
+  for (size_t k = 1; k < processes.size(); ++k) {
+    opened.push_back(
+        members.anchors[processes[k]].ask<void>(mesh::OpenArena{spec.id, spec.size, *offer}, timeout));
+  }
+  bool all = true;
+  for (auto& f : opened) {
+    if (auto r = f.get(); !r) {
+      // Another host, most likely: not an error, the ring is the way there.
+      TROUPE_LOG(debug, "event=collective_arena_unreachable group={} reason=\"{}\"", spec.id, r.error().message());
+      all = false;
+    }
+  }
+  return all;
+}
+
+}  // namespace
+
 Result<std::vector<CollectiveGroup>> detail::make_group(const MeshMembers& members, const Shape& view,
                                                         const GroupOptions& options) {
   auto timeout = options.timeout;
@@ -185,12 +224,14 @@ Result<std::vector<CollectiveGroup>> detail::make_group(const MeshMembers& membe
     }
     spec.engines.push_back(EngineAt{at->address, at->id});
   }
+  bool arena = options.shared_memory && options.host_arena && spec.size > 1 && set_up_arena(members, view, spec, timeout);
   std::vector<CollectiveGroup> handles;
   std::vector<Future<void>> joined;
   for (size_t i = 0; i < view.size(); ++i) {
     CollectiveGroup h = spec;
     h.rank = static_cast<uint32_t>(i);
-    joined.push_back(members.anchors[members.process_of[view.rank(i)]].ask<void>(mesh::JoinGroup{h}, timeout));
+    joined.push_back(
+        members.anchors[members.process_of[view.rank(i)]].ask<void>(mesh::JoinGroup{h, arena}, timeout));
     handles.push_back(std::move(h));
   }
   for (auto& f : joined) {

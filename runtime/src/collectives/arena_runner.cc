@@ -1,0 +1,59 @@
+#include "collectives/arena_runner.h"
+
+#include <utility>
+
+namespace troupe::collectives {
+
+namespace {
+/// How long the thread waits for the next collective before it ends.
+constexpr auto kIdle = std::chrono::seconds(1);
+}  // namespace
+
+ArenaRunner::ArenaRunner(HostArena& arena, uint32_t rank, Done done)
+    : arena_(arena), me_{rank}, done_(std::move(done)) {}
+
+ArenaRunner::~ArenaRunner() { stop(); }
+
+void ArenaRunner::submit(uint64_t seq, ArenaCall call, std::chrono::steady_clock::time_point deadline) {
+  std::lock_guard lock(mu_);
+  if (stopping_) return;
+  jobs_.push_back(Job{seq, std::move(call), deadline});
+  if (running_) {
+    wake_.notify_one();
+    return;
+  }
+  // The last thread left loop() (idle): it holds no lock and touches nothing
+  // any more, so joining it here is immediate.
+  if (thread_.joinable()) thread_.join();
+  running_ = true;
+  thread_ = std::thread([this] { loop(); });
+}
+
+void ArenaRunner::stop() {
+  {
+    std::lock_guard lock(mu_);
+    stopping_ = true;
+    jobs_.clear();
+    wake_.notify_one();
+  }
+  if (thread_.joinable()) thread_.join();
+}
+
+void ArenaRunner::loop() {
+  std::unique_lock lock(mu_);
+  for (;;) {
+    wake_.wait_for(lock, kIdle, [this] { return stopping_ || !jobs_.empty(); });
+    if (stopping_ || jobs_.empty()) {
+      running_ = false;
+      return;
+    }
+    Job job = std::move(jobs_.front());
+    jobs_.pop_front();
+    lock.unlock();
+    auto result = arena_.run(me_, job.call, job.deadline);
+    done_(job.seq, result ? Status() : result.error());
+    lock.lock();
+  }
+}
+
+}  // namespace troupe::collectives

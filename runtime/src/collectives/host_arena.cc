@@ -1,0 +1,319 @@
+#include "collectives/host_arena.h"
+
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <climits>
+#include <cstring>
+#include <new>
+#include <vector>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+#include "collectives/reduce.h"
+#include "collectives/ring.h"
+
+namespace troupe::collectives {
+
+namespace {
+
+constexpr uint64_t kPageBytes = 4096;
+/// All of an arena's slots together: 2 per rank. Enough for a 4-rank group
+/// to move 4 MiB per rank and round (past which rounds got no faster in
+/// the collectives benchmark), small enough to stay in a shared cache.
+constexpr uint64_t kMaxSlotsBytes = uint64_t{32} << 20;
+constexpr uint64_t kMagic = 0x74726f7570656172;  // "troupear"
+/// Polls of another rank's counter before sleeping on it: a few
+/// microseconds, worth it where ranks have cores of their own, and too
+/// short to matter where they share them.
+constexpr int kSpins = 256;
+/// The longest single sleep: a wake lost to a concurrent abort() costs at
+/// most this.
+constexpr auto kSleepSlice = std::chrono::milliseconds(20);
+/// Copies into a rank's buffer bypass the cache from this size of buffer
+/// up: the buffer will not fit in cache anyway, and streaming stores save
+/// reading each line before writing it.
+constexpr size_t kStreamBytes = size_t{4} << 20;
+
+/// A wait on a counter is done when it is at least `phase`, with counters
+/// that wrap at 2^32 (a group may count more phases than that).
+bool reached(uint32_t value, uint32_t phase) { return static_cast<int32_t>(value - phase) >= 0; }
+
+long futex(std::atomic<uint32_t>* word, int op, uint32_t value, const timespec* timeout) {
+  // Not FUTEX_PRIVATE_FLAG: the word is in memory shared between processes.
+  return ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), op, value, timeout, nullptr, 0);
+}
+
+void cpu_relax() {
+#if defined(__x86_64__)
+  _mm_pause();
+#endif
+}
+
+/// memcpy whose destination is not read again soon: 16-byte streaming
+/// stores on x86-64 (then a fence, since they are weakly ordered), memcpy
+/// elsewhere.
+void copy_streaming(std::byte* dst, const std::byte* src, size_t bytes) {
+#if defined(__x86_64__)
+  size_t head = (16 - reinterpret_cast<uintptr_t>(dst) % 16) % 16;
+  if (bytes < head + 64) {
+    std::memcpy(dst, src, bytes);
+    return;
+  }
+  std::memcpy(dst, src, head);
+  size_t i = head;
+  for (; i + 64 <= bytes; i += 64) {
+    __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i));
+    __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 16));
+    __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 32));
+    __m128i d = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 48));
+    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i), a);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 16), b);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 32), c);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 48), d);
+  }
+  std::memcpy(dst + i, src + i, bytes - i);
+  _mm_sfence();
+#else
+  std::memcpy(dst, src, bytes);
+#endif
+}
+
+/// Piece `round` of segment `segment` of a buffer of `count` elements over
+/// `ranks`, in pieces of at most `piece_elems`: an element range of the
+/// buffer (empty past the segment's end).
+ElemRange piece_of(size_t count, size_t ranks, size_t segment, size_t round, size_t piece_elems) {
+  ElemRange s = ring_segment(count, ranks, segment);
+  size_t begin = std::min(s.len_elems, round * piece_elems);
+  size_t end = std::min(s.len_elems, begin + piece_elems);
+  return ElemRange{s.offset_elems + begin, end - begin};
+}
+
+}  // namespace
+
+/// The first slot of the segment: a head, then one line per rank. Counters
+/// are on lines of their own: each is written by one rank and polled by all
+/// the others.
+struct HostArena::Control {
+  struct alignas(64) Head {
+    uint64_t magic;
+    uint64_t ranks;
+    uint64_t slot_bytes;
+    std::atomic<uint32_t> broken;
+  };
+  struct alignas(64) Rank {
+    std::atomic<uint32_t> progress;  // phases counted; the futex word
+    std::atomic<uint32_t> waiters;   // ranks sleeping on `progress`
+    std::atomic<uint64_t> signature[2];  // by call parity: a rank is at most one call ahead of another
+  };
+  Head head;
+
+  Rank& rank(uint32_t r) { return std::launder(reinterpret_cast<Rank*>(reinterpret_cast<std::byte*>(this) + sizeof(Head)))[r]; }
+  static uint64_t bytes_for(uint32_t ranks) { return sizeof(Head) + sizeof(Rank) * ranks; }
+};
+static_assert(std::atomic<uint32_t>::is_always_lock_free && std::atomic<uint64_t>::is_always_lock_free,
+              "the arena's counters are shared between processes: they must be plain words");
+
+uint64_t HostArena::slot_bytes_for(uint32_t ranks, uint64_t chunk_bytes) {
+  uint64_t bytes = std::min<uint64_t>(chunk_bytes, kMaxSlotsBytes / (2 * uint64_t{std::max(ranks, 1u)}));
+  bytes = std::max<uint64_t>({bytes, kPageBytes * ranks, Control::bytes_for(ranks)});
+  return (bytes + kPageBytes - 1) / kPageBytes * kPageBytes;
+}
+
+Result<HostArena> HostArena::create(uint32_t ranks, uint64_t chunk_bytes) {
+  if (ranks == 0 || ranks > 4096) {
+    return error(ErrorCode::invalid_argument, "collectives: a host arena for " + std::to_string(ranks) + " ranks");
+  }
+  uint64_t slot_bytes = slot_bytes_for(ranks, chunk_bytes);
+  auto segment = SlotSegment::create(2 * ranks + 1, slot_bytes);
+  if (!segment) return error(segment.error());
+  HostArena a;
+  a.segment_ = std::move(*segment);
+  a.ranks_ = ranks;
+  a.position_bytes_ = slot_bytes / ranks / 64 * 64;
+  std::byte* base = a.segment_.slot(0);
+  new (base) Control::Head{kMagic, ranks, slot_bytes, {0}};
+  auto* rank_words = reinterpret_cast<Control::Rank*>(base + sizeof(Control::Head));
+  for (uint32_t r = 0; r < ranks; ++r) new (rank_words + r) Control::Rank{{0}, {0}, {{0}, {0}}};
+  return a;
+}
+
+Result<HostArena> HostArena::open(const SlotsOffer& offer, uint32_t ranks) {
+  if (ranks == 0 || ranks > 4096 || offer.slots != 2 * ranks + 1) {
+    return error(ErrorCode::malformed, "collectives: an arena offer of " + std::to_string(offer.slots) +
+                                           " slots is not for " + std::to_string(ranks) + " ranks");
+  }
+  auto segment = SlotSegment::open(offer);
+  if (!segment) return error(segment.error());
+  HostArena a;
+  a.segment_ = std::move(*segment);
+  a.ranks_ = ranks;
+  a.position_bytes_ = a.segment_.slot_bytes() / ranks / 64 * 64;
+  if (auto ok = a.check_control(); !ok) return error(ok.error());
+  return a;
+}
+
+Result<void> HostArena::check_control() {
+  const Control::Head& h = control()->head;
+  if (segment_.slot_bytes() < Control::bytes_for(ranks_) || h.magic != kMagic || h.ranks != ranks_ ||
+      h.slot_bytes != segment_.slot_bytes() || position_bytes_ == 0) {
+    return error(ErrorCode::unsupported, "collectives: the shared segment offered is not an arena for " +
+                                             std::to_string(ranks_) + " ranks");
+  }
+  return {};
+}
+
+HostArena::Control* HostArena::control() const {
+  return std::launder(reinterpret_cast<Control*>(segment_.slot(0)));
+}
+
+std::byte* HostArena::slot(uint64_t parity, uint32_t rank) const {
+  return segment_.slot(static_cast<uint32_t>(1 + parity * ranks_ + rank));
+}
+
+void HostArena::abort() {
+  if (!segment_) return;
+  Control* c = control();
+  c->head.broken.store(1, std::memory_order_seq_cst);
+  for (uint32_t r = 0; r < ranks_; ++r) futex(&c->rank(r).progress, FUTEX_WAKE, INT_MAX, nullptr);
+}
+
+bool HostArena::broken() const { return segment_ && control()->head.broken.load(std::memory_order_acquire) != 0; }
+
+void HostArena::count_phase(ArenaRank& me) {
+  Control::Rank& w = control()->rank(me.rank);
+  // seq_cst on both sides (here and in wait_for): a rank that found no
+  // sleeper had counted before the sleeper looked at the counter, so the
+  // sleeper saw the new count and never slept.
+  me.phase = w.progress.fetch_add(1, std::memory_order_seq_cst) + 1;
+  if (w.waiters.load(std::memory_order_seq_cst) != 0) futex(&w.progress, FUTEX_WAKE, INT_MAX, nullptr);
+}
+
+Result<void> HostArena::wait_for(uint32_t rank, uint32_t phase, std::chrono::steady_clock::time_point deadline) {
+  Control* c = control();
+  Control::Rank& w = c->rank(rank);
+  auto lost = [&] {
+    return error(ErrorCode::peer_lost, "collectives: the group's arena was broken (a rank failed or left)");
+  };
+  for (int i = 0; i < kSpins; ++i) {
+    if (reached(w.progress.load(std::memory_order_acquire), phase)) return {};
+    cpu_relax();
+  }
+  for (;;) {
+    if (c->head.broken.load(std::memory_order_acquire) != 0) return lost();
+    auto now = std::chrono::steady_clock::now();
+    if (now >= deadline) {
+      return error(ErrorCode::timeout, "collectives: rank " + std::to_string(rank) + " did not get there in time");
+    }
+    auto slice = std::min<std::chrono::nanoseconds>(deadline - now, kSleepSlice);
+    timespec ts{static_cast<time_t>(slice.count() / 1'000'000'000), static_cast<long>(slice.count() % 1'000'000'000)};
+    w.waiters.fetch_add(1, std::memory_order_seq_cst);
+    uint32_t seen = w.progress.load(std::memory_order_seq_cst);
+    if (!reached(seen, phase)) futex(&w.progress, FUTEX_WAIT, seen, &ts);
+    w.waiters.fetch_sub(1, std::memory_order_seq_cst);
+    if (reached(w.progress.load(std::memory_order_acquire), phase)) return {};
+  }
+}
+
+Result<void> HostArena::wait_all(const ArenaRank& me, std::chrono::steady_clock::time_point deadline) {
+  // Starting after this rank: rank r - 1's counter is the likeliest to be
+  // behind (if all came in rank order), so it is waited on last.
+  for (uint32_t k = 1; k < ranks_; ++k) {
+    if (auto ok = wait_for((me.rank + k) % ranks_, me.phase, deadline); !ok) return ok;
+  }
+  return {};
+}
+
+Result<void> HostArena::run(ArenaRank& me, const ArenaCall& call, std::chrono::steady_clock::time_point deadline) {
+  if (broken()) {
+    return error(ErrorCode::peer_lost, "collectives: the group's arena was broken (a rank failed or left)");
+  }
+  const uint32_t n = ranks_, r = me.rank;
+  const size_t width = dtype_size(call.dtype);
+  const size_t piece = position_bytes_ / width;  // elements per position
+  const bool reduces = call.kind == CollectiveKind::allreduce || call.kind == CollectiveKind::reduce_scatter;
+  size_t rounds = 1;
+  if (call.kind == CollectiveKind::broadcast) {
+    rounds = std::max<size_t>(1, (call.count_elems + piece * n - 1) / (piece * n));
+  } else if (call.kind != CollectiveKind::barrier) {
+    rounds = std::max<size_t>(1, (ring_segment(call.count_elems, n, 0).len_elems + piece - 1) / piece);
+  }
+  const bool stream = call.count_elems * width >= kStreamBytes;
+  auto into_buffer = [&](std::byte* dst, const std::byte* src, size_t bytes) {
+    stream ? copy_streaming(dst, src, bytes) : (void)std::memcpy(dst, src, bytes);
+  };
+  auto at = [&](const ElemRange& e) { return call.data + e.offset_elems * width; };
+  Control* c = control();
+  c->rank(r).signature[me.calls % 2].store(call.signature, std::memory_order_relaxed);
+  std::vector<const std::byte*> srcs(n);
+
+  for (size_t t = 0; t < rounds; ++t) {
+    const uint64_t parity = (me.rounds + t) % 2;
+    std::byte* mine = slot(parity, r);
+    // A: this rank's data into its slot.
+    if (reduces) {
+      for (uint32_t q = 0; q < n; ++q) {
+        ElemRange p = piece_of(call.count_elems, n, q, t, piece);
+        std::memcpy(mine + q * position_bytes_, at(p), p.len_elems * width);
+      }
+    } else if (call.kind == CollectiveKind::allgather) {
+      ElemRange p = piece_of(call.count_elems, n, r, t, piece);
+      std::memcpy(mine + r * position_bytes_, at(p), p.len_elems * width);
+    } else if (call.kind == CollectiveKind::broadcast && r == call.root) {
+      size_t begin = std::min(call.count_elems, t * piece * n);
+      size_t len = std::min(call.count_elems - begin, piece * n);
+      std::memcpy(mine, call.data + begin * width, len * width);
+    }
+    count_phase(me);
+    if (auto ok = wait_all(me, deadline); !ok) return ok;
+    if (t == 0) {
+      for (uint32_t q = 0; q < n; ++q) {
+        if (c->rank(q).signature[me.calls % 2].load(std::memory_order_relaxed) == call.signature) continue;
+        return error(ErrorCode::invalid_argument,
+                     "collectives: the ranks of the group disagree: rank " + std::to_string(q) +
+                         " is in another collective than rank " + std::to_string(r) + "'s " + call.what +
+                         "; every rank must call the same collectives (kind, count, type, op, root) in the same order");
+      }
+    }
+    // B: this rank's position of every slot, folded in rank order.
+    if (reduces) {
+      ElemRange p = piece_of(call.count_elems, n, r, t, piece);
+      for (uint32_t q = 0; q < n; ++q) srcs[q] = slot(parity, q) + r * position_bytes_;
+      std::byte* dst = call.kind == CollectiveKind::allreduce ? mine + r * position_bytes_ : at(p);
+      reduce_many(call.dtype, call.op, dst, srcs.data(), n, p.len_elems);
+      if (call.op == ReduceOp::avg) finish_avg(call.dtype, dst, p.len_elems, n);
+      if (call.kind == CollectiveKind::allreduce) count_phase(me);
+    }
+    // C: the others' results (or contributions) into this rank's buffer.
+    if (call.kind == CollectiveKind::allreduce) {
+      for (uint32_t k = 0; k < n; ++k) {
+        uint32_t q = (r + k) % n;  // its own first: ready without a wait
+        if (q != r) {
+          if (auto ok = wait_for(q, me.phase, deadline); !ok) return ok;
+        }
+        ElemRange p = piece_of(call.count_elems, n, q, t, piece);
+        into_buffer(at(p), slot(parity, q) + q * position_bytes_, p.len_elems * width);
+      }
+    } else if (call.kind == CollectiveKind::allgather) {
+      for (uint32_t q = 0; q < n; ++q) {
+        if (q == r) continue;
+        ElemRange p = piece_of(call.count_elems, n, q, t, piece);
+        into_buffer(at(p), slot(parity, q) + q * position_bytes_, p.len_elems * width);
+      }
+    } else if (call.kind == CollectiveKind::broadcast && r != call.root) {
+      size_t begin = std::min(call.count_elems, t * piece * n);
+      size_t len = std::min(call.count_elems - begin, piece * n);
+      into_buffer(call.data + begin * width, slot(parity, call.root), len * width);
+    }
+  }
+  me.rounds += rounds;
+  ++me.calls;
+  return {};
+}
+
+}  // namespace troupe::collectives

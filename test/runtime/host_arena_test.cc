@@ -1,0 +1,280 @@
+// The host arena (collectives/host_arena.h) with every rank on a thread of
+// its own, each through its own mapping of the segment (as separate
+// processes see it): results against a reference for every kind, type, op,
+// size and rank count, slots reused across rounds and collectives, and the
+// ways a collective ends early: ranks that disagree, a rank that never
+// comes (abort, deadline), an offer that is not an arena.
+//
+// The reference folds the ranks' inputs in rank order with reduce_into (the
+// same element functions and bfloat16 rounding, checked against double
+// references in collectives_algo_test.cc), so results are compared bit for
+// bit.
+#include <chrono>
+#include <cstring>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <catch2/catch.hpp>
+
+#include "collectives/host_arena.h"
+#include "collectives/reduce.h"
+#include "collectives/ring.h"
+
+using namespace std::chrono_literals;
+using troupe::CollectiveKind;
+using troupe::DType;
+using troupe::ErrorCode;
+using troupe::ReduceOp;
+using namespace troupe::collectives;
+
+namespace {
+
+struct Case {
+  CollectiveKind kind;
+  size_t count;
+  DType dtype;
+  ReduceOp op;
+  uint32_t root = 0;
+};
+
+uint64_t signature_of(const Case& k) {
+  return (static_cast<uint64_t>(k.kind) << 56) ^ (static_cast<uint64_t>(k.dtype) << 48) ^
+         (static_cast<uint64_t>(k.op) << 40) ^ (static_cast<uint64_t>(k.root) << 32) ^ k.count;
+}
+
+/// Rank r's input: random bytes that are valid elements (bfloat16 and
+/// float32 from small values, so sums are exact neither always nor never).
+std::vector<std::byte> input(const Case& k, uint32_t rank, uint64_t seed) {
+  std::mt19937_64 rng(seed * 1000 + rank);
+  std::vector<std::byte> v(k.count * troupe::dtype_size(k.dtype));
+  std::uniform_real_distribution<float> real(-100.0f, 100.0f);
+  for (size_t i = 0; i < k.count; ++i) {
+    std::byte* at = v.data() + i * troupe::dtype_size(k.dtype);
+    switch (k.dtype) {
+      case DType::float32: { float f = real(rng); std::memcpy(at, &f, 4); break; }
+      case DType::bfloat16: { uint16_t b = float_to_bf16(real(rng)); std::memcpy(at, &b, 2); break; }
+      case DType::int32: { auto x = static_cast<int32_t>(rng()); std::memcpy(at, &x, 4); break; }
+      case DType::int64: { auto x = static_cast<int64_t>(rng()); std::memcpy(at, &x, 8); break; }
+    }
+  }
+  return v;
+}
+
+/// What rank `rank` must hold after the collective; `valid[i]` false where
+/// the result is unspecified (reduce_scatter outside the rank's segment).
+std::vector<std::byte> expected(const Case& k, const std::vector<std::vector<std::byte>>& in, uint32_t rank,
+                                std::vector<bool>& valid) {
+  size_t n = in.size(), width = troupe::dtype_size(k.dtype);
+  valid.assign(k.count, true);
+  std::vector<std::byte> out(k.count * width);
+  switch (k.kind) {
+    case CollectiveKind::allreduce:
+    case CollectiveKind::reduce_scatter: {
+      out = in[0];
+      for (size_t q = 1; q < n; ++q) reduce_into(k.dtype, k.op, out.data(), in[q].data(), k.count);
+      if (k.op == ReduceOp::avg) finish_avg(k.dtype, out.data(), k.count, n);
+      if (k.kind == CollectiveKind::reduce_scatter) {
+        ElemRange mine = ring_segment(k.count, n, rank);
+        for (size_t i = 0; i < k.count; ++i) valid[i] = i >= mine.offset_elems && i < mine.offset_elems + mine.len_elems;
+      }
+      break;
+    }
+    case CollectiveKind::allgather:
+      for (size_t q = 0; q < n; ++q) {
+        ElemRange s = ring_segment(k.count, n, q);
+        std::memcpy(out.data() + s.offset_elems * width, in[q].data() + s.offset_elems * width, s.len_elems * width);
+      }
+      break;
+    case CollectiveKind::broadcast: out = in[k.root]; break;
+    case CollectiveKind::barrier: out = in[rank]; break;
+  }
+  return out;
+}
+
+/// The same arena mapped once per rank, as each rank's process would.
+struct Arenas {
+  HostArena made;
+  std::vector<HostArena> mapped;
+  std::vector<ArenaRank> ranks;
+
+  Arenas(uint32_t n, uint64_t chunk_bytes) {
+    made = HostArena::create(n, chunk_bytes).value();
+    for (uint32_t r = 0; r < n; ++r) {
+      mapped.push_back(HostArena::open(made.offer(), n).value());
+      ranks.push_back(ArenaRank{r});
+    }
+  }
+};
+
+/// Runs `cases` in order on every rank, each rank on its own thread, and
+/// counts the elements (over all ranks and cases) that differ from the
+/// reference; `errors` gets the first error of each rank.
+size_t run_all(Arenas& a, const std::vector<Case>& cases, uint64_t seed, std::vector<std::string>& errors) {
+  uint32_t n = static_cast<uint32_t>(a.mapped.size());
+  std::vector<size_t> wrong(n, 0);
+  errors.assign(n, "");
+  std::vector<std::thread> threads;
+  for (uint32_t r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      for (size_t c = 0; c < cases.size(); ++c) {
+        const Case& k = cases[c];
+        std::vector<std::vector<std::byte>> in;
+        for (uint32_t q = 0; q < n; ++q) in.push_back(input(k, q, seed + c));
+        std::vector<std::byte> buf = in[r];
+        ArenaCall call{k.kind, buf.data(), k.count, k.dtype, k.op, k.root, signature_of(k), "a test collective"};
+        auto done = a.mapped[r].run(a.ranks[r], call, std::chrono::steady_clock::now() + 60s);
+        if (!done) {
+          errors[r] = done.error().to_string();
+          return;
+        }
+        std::vector<bool> valid;
+        std::vector<std::byte> want = expected(k, in, r, valid);
+        size_t width = troupe::dtype_size(k.dtype);
+        for (size_t i = 0; i < k.count; ++i) {
+          wrong[r] += valid[i] && std::memcmp(buf.data() + i * width, want.data() + i * width, width) != 0;
+        }
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  size_t total = 0;
+  for (size_t w : wrong) total += w;
+  return total;
+}
+
+}  // namespace
+
+TEST_CASE("host arena: every kind, type and op matches the rank-order reference bit for bit, over many rounds",
+          "[collectives][arena]") {
+  const CollectiveKind kinds[] = {CollectiveKind::allreduce, CollectiveKind::reduce_scatter, CollectiveKind::allgather,
+                                  CollectiveKind::broadcast, CollectiveKind::barrier};
+  const DType dtypes[] = {DType::float32, DType::bfloat16, DType::int32, DType::int64};
+  const ReduceOp ops[] = {ReduceOp::sum, ReduceOp::avg, ReduceOp::max, ReduceOp::min};
+  for (uint32_t n : {1u, 2u, 3u, 4u, 7u, 8u}) {
+    // Slots of a page per rank: a 40,001-element buffer takes several
+    // rounds, so both slots of every rank are reused within a collective.
+    for (uint64_t chunk : {uint64_t{4096}, uint64_t{1} << 20}) {
+      std::vector<Case> cases;
+      for (CollectiveKind kind : kinds) {
+        for (DType dtype : dtypes) {
+          for (size_t count : {size_t{0}, size_t{1}, size_t{5}, size_t{1001}, size_t{40'001}}) {
+            if (kind == CollectiveKind::allreduce || kind == CollectiveKind::reduce_scatter) {
+              for (ReduceOp op : ops) cases.push_back(Case{kind, count, dtype, op});
+            } else if (kind == CollectiveKind::broadcast) {
+              cases.push_back(Case{kind, count, dtype, ReduceOp::sum, n - 1});
+            } else {
+              cases.push_back(Case{kind, kind == CollectiveKind::barrier ? 0 : count, dtype, ReduceOp::sum});
+            }
+          }
+        }
+      }
+      INFO(n << " ranks, chunk " << chunk << ": " << cases.size() << " collectives in a row");
+      Arenas a(n, chunk);
+      std::vector<std::string> errors;
+      CHECK(run_all(a, cases, n * 7 + chunk, errors) == 0);
+      for (auto& e : errors) CHECK(e.empty());
+    }
+  }
+}
+
+TEST_CASE("host arena: a long random sequence of collectives on ranks running free stays correct",
+          "[collectives][arena]") {
+  // Ranks race ahead of each other by up to a collective; rounds alternate
+  // slots across collectives of different kinds and lengths.
+  std::mt19937 rng(42);
+  std::vector<Case> cases;
+  for (int i = 0; i < 300; ++i) {
+    auto kind = static_cast<CollectiveKind>(rng() % 5);
+    size_t count = kind == CollectiveKind::barrier ? 0 : rng() % 5000;
+    cases.push_back(Case{kind, count, DType::float32, static_cast<ReduceOp>(rng() % 4), static_cast<uint32_t>(rng() % 4)});
+  }
+  Arenas a(4, 4096);
+  std::vector<std::string> errors;
+  CHECK(run_all(a, cases, 99, errors) == 0);
+  for (auto& e : errors) CHECK(e.empty());
+}
+
+TEST_CASE("host arena: ranks that call different collectives all fail with a clear error", "[collectives][arena]") {
+  Arenas a(4, 1 << 20);
+  std::vector<troupe::Result<void>> results(4, troupe::Result<void>{});
+  std::vector<std::thread> threads;
+  std::vector<std::vector<float>> bufs(4, std::vector<float>(1000, 1.0f));
+  for (uint32_t r = 0; r < 4; ++r) {
+    threads.emplace_back([&, r] {
+      // Rank 2 asks for 999 elements.
+      Case k{CollectiveKind::allreduce, r == 2 ? size_t{999} : size_t{1000}, DType::float32, ReduceOp::sum};
+      ArenaCall call{k.kind, reinterpret_cast<std::byte*>(bufs[r].data()), k.count, k.dtype, k.op, 0, signature_of(k),
+                     "allreduce"};
+      results[r] = a.mapped[r].run(a.ranks[r], call, std::chrono::steady_clock::now() + 60s);
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (auto& r : results) {
+    REQUIRE_FALSE(r.has_value());
+    CHECK(r.error().code() == ErrorCode::invalid_argument);
+    CHECK_THAT(r.error().message(), Catch::Contains("disagree"));
+  }
+}
+
+TEST_CASE("host arena: a rank that never comes: abort() releases the others at once, a deadline on its own",
+          "[collectives][arena]") {
+  for (bool by_abort : {true, false}) {
+    INFO((by_abort ? "abort" : "deadline"));
+    Arenas a(4, 1 << 20);
+    std::vector<troupe::Result<void>> results(3, troupe::Result<void>{});
+    std::vector<std::vector<float>> bufs(3, std::vector<float>(100'000, 1.0f));
+    auto deadline = std::chrono::steady_clock::now() + (by_abort ? 60s : 200ms);
+    std::vector<std::thread> threads;
+    for (uint32_t r = 0; r < 3; ++r) {
+      threads.emplace_back([&, r] {
+        ArenaCall call{CollectiveKind::allreduce, reinterpret_cast<std::byte*>(bufs[r].data()), 100'000,
+                       DType::float32, ReduceOp::sum, 0, 7, "allreduce"};
+        results[r] = a.mapped[r].run(a.ranks[r], call, deadline);
+      });
+    }
+    // Rank 3's process "died": whoever notices breaks the arena, through
+    // its own mapping.
+    if (by_abort) a.mapped[3].abort();
+    for (auto& t : threads) t.join();
+    for (auto& r : results) {
+      REQUIRE_FALSE(r.has_value());
+      CHECK(r.error().code() == (by_abort ? ErrorCode::peer_lost : ErrorCode::timeout));
+    }
+    if (by_abort) {
+      CHECK(a.made.broken());
+      // And stays broken for later calls.
+      std::vector<float> x(10, 1.0f);
+      ArenaCall call{CollectiveKind::allreduce, reinterpret_cast<std::byte*>(x.data()), 10, DType::float32,
+                     ReduceOp::sum, 0, 8, "allreduce"};
+      CHECK(a.mapped[0].run(a.ranks[0], call, std::chrono::steady_clock::now() + 60s).error().code() ==
+            ErrorCode::peer_lost);
+    }
+  }
+}
+
+TEST_CASE("host arena: an offer that is not an arena for the group is refused", "[collectives][arena]") {
+  HostArena made = HostArena::create(4, 1 << 20).value();
+  // Another rank count.
+  auto wrong_ranks = HostArena::open(made.offer(), 3);
+  REQUIRE_FALSE(wrong_ranks.has_value());
+  CHECK_THAT(wrong_ranks.error().message(), Catch::Contains("not for 3 ranks"));
+  // A slot segment of the right shape that is not an arena (no control block).
+  SlotSegment plain = SlotSegment::create(9, made.offer().slot_bytes).value();
+  auto not_arena = HostArena::open(plain.offer(), 4);
+  REQUIRE_FALSE(not_arena.has_value());
+  CHECK_THAT(not_arena.error().message(), Catch::Contains("not an arena"));
+  // A made-up fd of this process.
+  SlotsOffer bogus = made.offer();
+  bogus.fd = 100'000;
+  CHECK_FALSE(HostArena::open(bogus, 4).has_value());
+}
+
+TEST_CASE("host arena: slots are bounded in all and at least a page per rank", "[collectives][arena]") {
+  CHECK(HostArena::slot_bytes_for(4, 4 << 20) == 4 << 20);
+  CHECK(HostArena::slot_bytes_for(8, 4 << 20) == 2 << 20);
+  CHECK(HostArena::slot_bytes_for(64, 4 << 20) == 256 << 10);
+  CHECK(HostArena::slot_bytes_for(4, 1) == 4 * 4096);
+  CHECK(HostArena::slot_bytes_for(3, 5000) % 4096 == 0);
+}
