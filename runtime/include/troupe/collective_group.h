@@ -8,8 +8,9 @@
 //       .then([this](troupe::Result<void> r) { ... });
 //
 // Every member of the group must call the same collectives in the same
-// order. The work is done by the engine of each member's process, which
-// exchanges the data with the other processes' engines along a ring. A
+// order. The work is done by the engine of each member's process: through
+// one shared-memory arena when all the group's processes are on one host,
+// otherwise by exchanging the data with the other engines along a ring. A
 // collective that cannot complete (a member's process died, the deadline
 // passed) fails on every surviving member within a bounded time, never
 // hangs; the group is then broken: make a new one once the mesh is whole.

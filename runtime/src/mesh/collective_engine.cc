@@ -6,9 +6,12 @@
 // rank (collectives/shm_slots.h) with a small message saying which; the
 // receiver reads it from there and gives the slot back. C chunk steps are in
 // flight at once (the schedule says when a send may read what was
-// received), bounded by the free slots. A dead peer engine, or the group's
-// deadline, fails every collective in progress on the surviving ranks, and
-// breaks the group.
+// received), bounded by the free slots. A group whose processes are all on
+// this host skips the ring: its collectives on CPU memory run through its
+// arena (collectives/host_arena.h) on a thread per local rank
+// (collectives/arena_runner.h), which answers through ArenaDone. A dead
+// peer engine, or the group's deadline, fails every collective in progress
+// on the surviving ranks, and breaks the group (and its arena).
 #include <algorithm>
 #include <cstring>
 
