@@ -102,6 +102,9 @@ struct Meshes {
   std::vector<std::string> placement_groups;
   std::vector<ProcMesh> procs;
   std::optional<ActorMesh<TrainerRank>> trainers;
+  /// Rank 0's handle on the trainers' collective group (its id names it),
+  /// released when a recovery makes a new one.
+  std::optional<CollectiveGroup> trainer_group;
   std::optional<ActorMesh<RolloutEngine>> engines;
   std::optional<ActorMesh<RewardWorker>> rewards;
   std::vector<AnyRef> watchers;
@@ -172,6 +175,7 @@ Result<Meshes> start_meshes(Runtime& rt, const ClusterClient& cluster, const con
   if (c.trainer.ranks > 1) {
     auto groups = m.trainers->make_group();
     if (!groups) return error(groups.error());
+    m.trainer_group = (*groups)[0];
     for (size_t r = 0; r < groups->size(); ++r) {
       auto joined = m.trainers->member(r).ask(trainer::JoinTrainerGroup{(*groups)[r]}).get();
       if (!joined) return error(joined.error());
@@ -645,8 +649,12 @@ Status Job::recover_trainers(const std::vector<size_t>& ok_ranks) {
 Status Job::regroup_trainers() {
   const auto& T = *meshes_.trainers;
   if (T.size() < 2) return {};
+  // The old group is broken (a rank was lost); releasing it frees its shared
+  // memory in the processes that survived.
+  if (meshes_.trainer_group) (void)T.release_group(*meshes_.trainer_group);
   auto groups = T.make_group();
   if (!groups) return Status(groups.error().code(), "a new collective group: " + groups.error().message());
+  meshes_.trainer_group = (*groups)[0];
   for (size_t r = 0; r < T.size(); ++r) {
     auto joined = T.member(r).ask(trainer::JoinTrainerGroup{(*groups)[r]}, timeout_).get();
     if (!joined) return Status(joined.error().code(), "rank " + std::to_string(r) + " joining: " + joined.error().message());

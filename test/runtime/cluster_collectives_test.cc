@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <fstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -123,6 +124,15 @@ class Reducer : public troupe::Actor<Reducer, SetGroup, RunAllReduce, MyPid, Chu
   std::vector<float> f32_;
   std::vector<int32_t> i32_;
 };
+
+/// How many mappings of collective shared memory (arenas, ring slots)
+/// process `pid` has.
+size_t shared_mappings(int64_t pid) {
+  std::ifstream maps("/proc/" + std::to_string(pid) + "/maps");
+  size_t n = 0;
+  for (std::string line; std::getline(maps, line);) n += line.find("troupe-collective-slots") != std::string::npos;
+  return n;
+}
 
 /// The expected result at element i for `ranks` members.
 double expected(DType dtype, ReduceOp op, uint32_t ranks, size_t i) {
@@ -353,4 +363,49 @@ TEST_CASE("collectives: ranks that disagree on a collective all fail with a clea
     CHECK(why.code() == ErrorCode::invalid_argument);
     CHECK_THAT(why.message(), Catch::Contains("disagree"));
   }
+}
+
+TEST_CASE("collectives: a released group fails its collectives in progress and later ones, and frees its shared "
+          "memory in every process",
+          "[cluster][collectives]") {
+  CollectiveCluster c;
+  std::vector<int64_t> pids;
+  for (size_t m = 0; m < 8; ++m) pids.push_back(c.mesh.member(m).ask(MyPid{}).get().value());
+  auto groups = c.mesh.make_group().value();
+  for (size_t i = 0; i < 8; ++i) REQUIRE(c.mesh.member(i).ask(SetGroup{groups[i]}).get().has_value());
+  REQUIRE(c.mesh.call(RunAllReduce{1000, static_cast<uint8_t>(DType::float32), static_cast<uint8_t>(ReduceOp::sum)}).ok());
+  for (size_t m = 0; m < 8; ++m) CHECK(shared_mappings(pids[m]) > 0);
+
+  // Seven members start an allreduce the eighth never joins; the driver
+  // releases the group: they fail at once, with the reason.
+  auto seven = c.mesh.flatten("members").range("members", 0, 7).value();
+  auto stream = seven.stream(RunAllReduce{100'000, static_cast<uint8_t>(DType::float32),
+                                          static_cast<uint8_t>(ReduceOp::sum)},
+                             60s);
+  // Whether a member's call reaches its engine before or after the
+  // release, it fails with not_found.
+  REQUIRE(c.mesh.release_group(groups[0]).ok());
+  size_t failed = 0;
+  while (auto reply = stream.next()) {
+    REQUIRE_FALSE(reply->second.has_value());
+    CHECK(reply->second.error().code() == ErrorCode::not_found);
+    ++failed;
+  }
+  CHECK(failed == 7);
+  // Later collectives on it fail; nothing of it is left mapped anywhere.
+  auto later = c.mesh.call(RunAllReduce{10, static_cast<uint8_t>(DType::float32), static_cast<uint8_t>(ReduceOp::sum)});
+  REQUIRE(later.errors().size() == 8);
+  CHECK(later.errors()[0].second.code() == ErrorCode::not_found);
+  for (size_t m = 0; m < 8; ++m) {
+    INFO("member " << m);
+    CHECK(shared_mappings(pids[m]) == 0);
+  }
+  // Releasing again is harmless; a ring group's slots go the same way.
+  CHECK(c.mesh.release_group(groups[0]).ok());
+  auto ring = c.mesh.make_group(troupe::GroupOptions{.host_arena = false}).value();
+  for (size_t i = 0; i < 8; ++i) REQUIRE(c.mesh.member(i).ask(SetGroup{ring[i]}).get().has_value());
+  REQUIRE(c.mesh.call(RunAllReduce{1000, static_cast<uint8_t>(DType::float32), static_cast<uint8_t>(ReduceOp::sum)}).ok());
+  for (size_t m = 0; m < 8; ++m) CHECK(shared_mappings(pids[m]) > 0);
+  REQUIRE(c.mesh.release_group(ring[0]).ok());
+  for (size_t m = 0; m < 8; ++m) CHECK(shared_mappings(pids[m]) == 0);
 }

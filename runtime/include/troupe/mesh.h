@@ -199,6 +199,8 @@ Status supervise_mesh(const MeshMembers& members, const AnyRef& owner);
 /// Makes a collective group of the view's members (see make_group).
 Result<std::vector<CollectiveGroup>> make_group(const MeshMembers& members, const Shape& view,
                                                 const GroupOptions& options);
+/// Releases group `id` in every process of the view (see release_group).
+Status release_group(const MeshMembers& members, const Shape& view, const std::string& id);
 /// A cast to the members of `view`: down a tree of the processes' anchors.
 Status mesh_cast(const MeshMembers& members, const Shape& view, MessageBox box);
 }  // namespace detail
@@ -296,6 +298,17 @@ class ActorMesh {
   /// The same, with options (e.g. without the shared-memory data path).
   Result<std::vector<CollectiveGroup>> make_group(const GroupOptions& options) const {
     return detail::make_group(*members_, shape_, options);
+  }
+  /// Releases a group made by make_group on this view (`group`: any
+  /// member's handle): in each of the view's processes its collectives in
+  /// progress fail (not_found, "released"), and its shared memory, threads
+  /// and NCCL communicator are freed; later collectives on it fail with
+  /// not_found. A group lives until released or until its processes end:
+  /// release the ones you no longer use (torch's destroy_process_group).
+  /// Processes that cannot be reached are skipped (theirs went with them);
+  /// the first other error is returned.
+  Status release_group(const CollectiveGroup& group) const {
+    return detail::release_group(*members_, shape_, group.id);
   }
 
   /// Makes `owner` (an actor of this process that handles MeshFailure) the

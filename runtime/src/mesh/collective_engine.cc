@@ -212,6 +212,15 @@ void ProcAnchor::handle(const SlotsOffered& m) {
   out.segment = std::move(*segment);
 }
 
+Result<void> ProcAnchor::handle(const LeaveGroup& m) {
+  std::erase_if(pending_arenas_, [&](const auto& e) { return e.first == m.group; });
+  if (!groups_.count(m.group)) return {};  // never joined here, or released already
+  break_group(m.group, Status(ErrorCode::not_found, "collectives: group " + m.group + " was released by its driver"),
+              /*tell_others=*/false, /*released=*/true);
+  groups_.erase(m.group);
+  return {};
+}
+
 Result<GroupCounters> ProcAnchor::handle(const GroupStats& m) {
   auto it = groups_.find(m.group);
   if (it == groups_.end()) return error(ErrorCode::not_found, "collectives: group " + m.group + " is unknown here");
@@ -557,7 +566,7 @@ void ProcAnchor::handle(const GroupBroken& m) {
   break_group(m.group, Status(code, m.why));
 }
 
-void ProcAnchor::break_group(const std::string& id, Status why, bool tell_others) {
+void ProcAnchor::break_group(const std::string& id, Status why, bool tell_others, bool released) {
   auto it = groups_.find(id);
   if (it == groups_.end() || !it->second.broken.ok()) return;
   Group& g = it->second;
@@ -569,7 +578,11 @@ void ProcAnchor::break_group(const std::string& id, Status why, bool tell_others
       (void)e.tell(GroupBroken{id, why.message(), static_cast<uint8_t>(why.code())});
     }
   }
-  TROUPE_LOG(warn, "event=collective_group_broken group={} reason=\"{}\"", id, why.message());
+  if (released) {
+    TROUPE_LOG(debug, "event=collective_group_released group={}", id);
+  } else {
+    TROUPE_LOG(warn, "event=collective_group_broken group={} reason=\"{}\"", id, why.message());
+  }
   std::vector<Deferred<void>> failed;
   for (auto& [rank, lr] : g.ranks) {
     for (auto& [seq, op] : lr.ops) failed.push_back(op.reply);

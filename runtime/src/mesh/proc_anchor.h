@@ -70,6 +70,13 @@ struct JoinGroup {
   bool arena = false;
   TROUPE_MESSAGE_NAMED(JoinGroup, "troupe.mesh.JoinGroup", group, arena);
 };
+/// Driver -> every engine of a group: the group is released
+/// (ActorMesh::release_group): fail its collectives in progress, free its
+/// shared memory, threads and NCCL communicator, and forget it.
+struct LeaveGroup {
+  std::string group;
+  TROUPE_MESSAGE_NAMED(LeaveGroup, "troupe.mesh.LeaveGroup", group);
+};
 /// Driver -> the engine of a group's first process, before JoinGroup:
 /// make a host arena for the group (collectives/host_arena.h), answered
 /// with what the others need to map it.
@@ -168,7 +175,7 @@ struct GroupBroken {
 
 class ProcAnchor final
     : public Actor<ProcAnchor, AnchorPid, MeshCast, JoinGroup, Collective, RingChunk, GroupBroken, SlotsOffered,
-                   SlotFree, GroupStats, NcclId, MakeArena, OpenArena, ArenaDone> {
+                   SlotFree, GroupStats, NcclId, MakeArena, OpenArena, ArenaDone, LeaveGroup> {
  public:
   /// `rank`: its place in the mesh, shown in the actor table.
   explicit ProcAnchor(uint64_t rank) { (void)rank; }
@@ -186,6 +193,7 @@ class ProcAnchor final
   Result<collectives::SlotsOffer> handle(const MakeArena& m);
   Result<void> handle(const OpenArena& m);
   void handle(const ArenaDone& m);
+  Result<void> handle(const LeaveGroup& m);
   // Collectives on CUDA memory, through NCCL (nccl_engine.cc).
   void handle(const NcclId& m);
 
@@ -315,7 +323,8 @@ class ProcAnchor final
   void keep_pending_arena(const std::string& id, collectives::HostArena arena);
   /// Fails every collective in progress in the group, for good; with
   /// `tell_others`, the other engines of the group do the same.
-  void break_group(const std::string& id, Status why, bool tell_others = false);
+  /// `released`: by its driver (LeaveGroup), which is not worth a warning.
+  void break_group(const std::string& id, Status why, bool tell_others = false, bool released = false);
 
   std::map<std::string, Group> groups_;
   /// Arenas made or mapped (MakeArena, OpenArena) whose JoinGroup has not

@@ -240,6 +240,25 @@ Result<std::vector<CollectiveGroup>> detail::make_group(const MeshMembers& membe
   return handles;
 }
 
+Status detail::release_group(const MeshMembers& members, const Shape& view, const std::string& id) {
+  std::vector<size_t> processes;
+  for (size_t i = 0; i < view.size(); ++i) {
+    size_t p = members.process_of[view.rank(i)];
+    if (std::find(processes.begin(), processes.end(), p) == processes.end()) processes.push_back(p);
+  }
+  std::vector<Future<void>> left;
+  for (size_t p : processes) {
+    left.push_back(members.anchors[p].ask<void>(mesh::LeaveGroup{id}, std::chrono::seconds(10)));
+  }
+  Status first;
+  for (auto& f : left) {
+    auto r = f.get();
+    if (r || r.error().code() == ErrorCode::peer_lost || r.error().code() == ErrorCode::actor_dead) continue;
+    if (first.ok()) first = Status(r.error().code(), "collectives: releasing group " + id + ": " + r.error().message());
+  }
+  return first;
+}
+
 Status ProcMesh::stop() const {
   Status first;
   for (auto& p : procs_) {
