@@ -8,7 +8,9 @@
 // "arena"), on one that runs the ring through shared-memory slots ("shm",
 // GroupOptions::host_arena = false), and on one that keeps the ring's chunks
 // in messages over the transport ("messages", as between hosts);
-// BENCH_COLLECTIVES_PATH=arena, =shm or =messages runs only one.
+// BENCH_COLLECTIVES_PATH=arena, =shm or =messages runs only one. Before the
+// sizes, each path's latency: an allreduce of one float against a mesh call
+// that does nothing, p50 and p99.
 // BENCH_TRANSPORT=ucx runs the cluster over UCX instead of TCP. For profiling
 // one case: BENCH_COLLECTIVES_MIB=64 (one size), BENCH_COLLECTIVES_N=4,
 // BENCH_COLLECTIVES_CHUNK_KIB=256 (GroupOptions::chunk_bytes).
@@ -49,10 +51,16 @@ struct Run {
   uint32_t which = 0;
   TROUPE_MESSAGE_NAMED(Run, "bench.coll.Run", count, which);
 };
+/// Answered at once: a mesh call's round trip, the floor of a small
+/// collective's latency.
+struct Ping {
+  TROUPE_MESSAGE_NAMED(Ping, "bench.coll.Ping");
+};
 
 /// A member: keeps a buffer of the size asked for and allreduces it.
-class Reducer : public troupe::Actor<Reducer, SetGroup, Run> {
+class Reducer : public troupe::Actor<Reducer, SetGroup, Run, Ping> {
  public:
+  void handle(const Ping&) {}
   void handle(const SetGroup& m) { groups_[m.which % 3] = m.group; }
   troupe::Deferred<void> handle(const Run& m) {
     auto reply = defer<void>();
@@ -132,6 +140,33 @@ int main(int argc, char** argv) {
       auto groups = mesh->make_group(options);
       if (!groups) return fail(groups.error().to_string());
       for (size_t i = 0; i < n; ++i) (void)mesh->member(i).ask(SetGroup{(*groups)[i], which}).get();
+    }
+    // Latency: an allreduce of one float, called from the driver like the
+    // rest, against a mesh call that does nothing.
+    {
+      int iters = quick ? 50 : 300;
+      std::vector<double> floor_us;
+      for (int i = 0; i < iters; ++i) {
+        auto t0 = Clock::now();
+        if (!mesh->call(Ping{}).ok()) return fail("ping failed");
+        floor_us.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count());
+      }
+      for (uint32_t which : {0u, 1u, 2u}) {
+        if (only != nullptr && std::string(only) != path_names[which]) continue;
+        std::vector<double> us;
+        for (int i = 0; i < iters; ++i) {
+          auto t0 = Clock::now();
+          auto r = mesh->call(Run{1, which}, std::chrono::minutes(1));
+          if (!r.ok()) return fail("allreduce failed: " + r.errors()[0].second.to_string());
+          us.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count());
+        }
+        for (double q : {0.5, 0.99}) {
+          std::string metric = std::string(q == 0.5 ? "p50" : "p99") + "_1float_n" + std::to_string(n) + "_" +
+                               transport + "_" + path_names[which];
+          emit("collectives.allreduce_cpu_latency", metric, quantile(us, q), "us",
+               "mesh call doing nothing (this run, same quantile)", quantile(floor_us, q), "report");
+        }
+      }
     }
     for (size_t mib : sizes_mib) {
       size_t bytes = mib << 20;
