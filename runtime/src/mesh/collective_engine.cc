@@ -14,6 +14,7 @@
 // on the surviving ranks, and breaks the group (and its arena).
 #include <algorithm>
 #include <cstring>
+#include <thread>
 
 #include "collectives/reduce.h"
 #include "troupe/codec.h"
@@ -151,7 +152,14 @@ void ProcAnchor::run_on_arena(Group& g, uint32_t rank, const Op& op) {
     std::string id = g.spec.id;
     runner = std::make_unique<collectives::ArenaRunner>(
         *g.arena.arena, rank, [engine, id, rank](uint64_t seq, Status status) {
-          (void)engine.tell(ArenaDone{id, rank, seq, static_cast<uint8_t>(status.code()), status.message()});
+          // A full mailbox would lose the answer (the collective would then
+          // fail at its deadline): the runner's thread can afford to wait
+          // for room, paced, for a while.
+          for (int attempt = 0;; ++attempt) {
+            Status sent = engine.tell(ArenaDone{id, rank, seq, static_cast<uint8_t>(status.code()), status.message()});
+            if (sent.code() != ErrorCode::mailbox_full || attempt == 1000) break;
+            std::this_thread::sleep_for(std::chrono::milliseconds(1));
+          }
         });
   }
   // A little past the group's deadline: the engine's own timer breaks the
