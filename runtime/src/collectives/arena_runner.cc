@@ -1,5 +1,7 @@
 #include "collectives/arena_runner.h"
 
+#include <pthread.h>
+
 #include <utility>
 
 namespace troupe::collectives {
@@ -40,6 +42,7 @@ void ArenaRunner::stop() {
 }
 
 void ArenaRunner::loop() {
+  pthread_setname_np(pthread_self(), "troupe.arena");  // in top, perf and gdb
   std::unique_lock lock(mu_);
   for (;;) {
     wake_.wait_for(lock, kIdle, [this] { return stopping_ || !jobs_.empty(); });
