@@ -135,9 +135,10 @@ void weight_sync(Session& s, const std::string& name, const std::string& text, i
 // Train steps on a 2-rank trainer mesh: the same supervised batches with
 // the optimizer state replicated (allreduce of the gradients) and sharded
 // (ZeRO-1: reduce-scatter, a step of each rank's half, allgather), and,
-// with `backup`, the driver's snapshot round after each (trainer.shard_backup:
-// each rank's snapshot of its segment, then the next rank's one-sided read
-// of it). Returns the mean step seconds and the moments' floats rank 0 holds.
+// with `backup`, what the driver does for trainer.shard_backup: each rank
+// snapshots its segment as part of the step (TrainStep::snapshot), then
+// one round in which the next rank reads it one-sidedly. Returns the mean
+// step seconds and the moments' floats rank 0 holds.
 std::pair<double, uint64_t> train_steps(Session& s, const std::string& text, int steps, bool backup = false) {
   auto config = config::parse_rl_config(text).value();
   PlacementGroupSpec spec;
@@ -163,12 +164,15 @@ std::pair<double, uint64_t> train_steps(Session& s, const std::string& text, int
     std::vector<Future<trainer::RankStepStats>> f;
     const auto t0 = Clock::now();
     for (size_t r = 0; r < 2; ++r) {
-      f.push_back(ranks.member(r).ask(trainer::TrainStep{true, batch(), 0.5, static_cast<uint64_t>(i), false}));
+      f.push_back(
+          ranks.member(r).ask(trainer::TrainStep{true, batch(), 0.5, static_cast<uint64_t>(i), false, backup}));
     }
-    for (auto& x : f) (void)x.get().value();
+    std::vector<trainer::ShardSnapshot> snaps;
+    for (auto& x : f) {
+      auto st = x.get().value();
+      if (backup) snaps.push_back(st.snapshot.at(0));
+    }
     if (backup) {
-      std::vector<trainer::ShardSnapshot> snaps;
-      for (size_t r = 0; r < 2; ++r) snaps.push_back(ranks.member(r).ask(trainer::SnapshotShard{}).get().value());
       std::vector<Future<void>> b;
       for (size_t r = 0; r < 2; ++r) b.push_back(ranks.member(r).ask(trainer::BackUpShard{snaps[1 - r]}));
       for (auto& x : b) (void)x.get().value();

@@ -229,13 +229,17 @@ struct RankOutcomes {
   StepResult combined;  // over the ranks that succeeded
   std::vector<size_t> ok_ranks;
   std::vector<std::pair<size_t, Status>> failed;
+  // With `snapshot`: each rank's snapshot after its update, by rank (all
+  // of them, or none).
+  std::vector<trainer::ShardSnapshot> snapshots;
 };
 
 // Splits `seqs` over the ranks (round robin) and takes one step on each;
 // every rank gets a TrainStep, even an empty one (the allreduce needs it).
+// `snapshot`: each rank snapshots its ZeRO-1 segment once updated.
 RankOutcomes train_ranks(const ActorMesh<TrainerRank>& trainers, std::vector<trainer::WireSequence> seqs,
                          bool supervised, model::LossAggregation agg, uint64_t expected_steps, bool rl_phase,
-                         std::chrono::milliseconds timeout) {
+                         bool snapshot, std::chrono::milliseconds timeout) {
   const size_t R = trainers.size();
   std::vector<std::vector<trainer::WireSequence>> shards(R);
   RankOutcomes o;
@@ -254,7 +258,8 @@ RankOutcomes train_ranks(const ActorMesh<TrainerRank>& trainers, std::vector<tra
   std::vector<Future<trainer::RankStepStats>> futures;
   for (size_t r = 0; r < R; ++r) {
     futures.push_back(trainers.member(r).ask(
-        trainer::TrainStep{supervised, std::move(shards[r]), den[r] / total, expected_steps, rl_phase}, timeout));
+        trainer::TrainStep{supervised, std::move(shards[r]), den[r] / total, expected_steps, rl_phase, snapshot},
+        timeout));
   }
   double ok_weight = 0;
   for (size_t r = 0; r < R; ++r) {
@@ -264,6 +269,7 @@ RankOutcomes train_ranks(const ActorMesh<TrainerRank>& trainers, std::vector<tra
       continue;
     }
     o.ok_ranks.push_back(r);
+    if (st->snapshot.size() == 1) o.snapshots.push_back(std::move(st->snapshot[0]));
     const double w = den[r] / total;
     ok_weight += w;
     out.loss += w * st->loss;
@@ -284,6 +290,7 @@ RankOutcomes train_ranks(const ActorMesh<TrainerRank>& trainers, std::vector<tra
     }
   }
   out.trained = !o.ok_ranks.empty();
+  if (o.snapshots.size() != R) o.snapshots.clear();
   return o;
 }
 
@@ -355,7 +362,9 @@ class Job {
   Status recover_shards(const std::vector<trainer::TrainerInfo>& infos);
   // ZeRO-1 in memory: every rank snapshots its segment, then backs up the
   // previous rank's; the snapshot round of an update.
-  Status snapshot_shards();
+  // `taken`: the ranks' snapshots, already made with their step (all R);
+  // empty: ask every rank for one first.
+  Status snapshot_shards(std::vector<trainer::ShardSnapshot> taken = {});
   // A new collective group for the trainer mesh, joined by every rank.
   Status regroup_trainers();
   // The replicas' parameters agree, bit for bit.
@@ -481,11 +490,11 @@ class Probe : public JobProbe {
 Result<StepResult> Job::train_step(const std::vector<trainer::WireSequence>& seqs, bool supervised) {
   for (int attempt = 0;; ++attempt) {
     auto out = train_ranks(*meshes_.trainers, seqs, supervised, c_.algorithm.loss.aggregation, optimizer_steps_,
-                           rl_phase_, timeout_);
+                           rl_phase_, shard_backup(), timeout_);
     std::string why;
     if (out.failed.empty()) {
       // ZeRO-1 in memory: the update counts once every segment is in two places.
-      Status snap = out.combined.trained ? snapshot_shards() : Status();
+      Status snap = out.combined.trained ? snapshot_shards(std::move(out.snapshots)) : Status();
       if (snap.ok()) {
         if (out.combined.trained) ++optimizer_steps_;
         out.combined.updates = out.combined.trained ? 1 : 0;
@@ -674,20 +683,23 @@ Status Job::check_replicas() {
   return {};
 }
 
-Status Job::snapshot_shards() {
+Status Job::snapshot_shards(std::vector<trainer::ShardSnapshot> taken) {
   if (!shard_backup()) return {};
   const auto& T = *meshes_.trainers;
   const size_t R = T.size();
-  std::vector<Future<trainer::ShardSnapshot>> asks;
-  for (size_t r = 0; r < R; ++r) asks.push_back(T.member(r).ask(trainer::SnapshotShard{}, timeout_));
-  std::vector<trainer::ShardSnapshot> snaps;
+  std::vector<trainer::ShardSnapshot> snaps = std::move(taken);
   Status first;
-  for (size_t r = 0; r < R; ++r) {
-    auto s = asks[r].get();
-    if (!s && first.ok()) first = Status(s.error().code(), "trainer rank " + std::to_string(r) + ": " + s.error().message());
-    snaps.push_back(s ? *s : trainer::ShardSnapshot{});
+  if (snaps.size() != R) {
+    snaps.clear();
+    std::vector<Future<trainer::ShardSnapshot>> asks;
+    for (size_t r = 0; r < R; ++r) asks.push_back(T.member(r).ask(trainer::SnapshotShard{}, timeout_));
+    for (size_t r = 0; r < R; ++r) {
+      auto s = asks[r].get();
+      if (!s && first.ok()) first = Status(s.error().code(), "trainer rank " + std::to_string(r) + ": " + s.error().message());
+      snaps.push_back(s ? *s : trainer::ShardSnapshot{});
+    }
+    if (!first.ok()) return first;
   }
-  if (!first.ok()) return first;
   std::vector<Future<void>> backups;
   for (size_t r = 0; r < R; ++r) backups.push_back(T.member(r).ask(trainer::BackUpShard{snaps[(r + R - 1) % R]}, timeout_));
   for (size_t r = 0; r < R; ++r) {

@@ -224,7 +224,7 @@ Deferred<RankStepStats> TrainerRank::handle(const TrainStep& m) {
   const size_t n = trainer_->model().layout().total();
   const auto reduce_start = Clock::now();
   if (shard_) {
-    sharded_step(reply, out, st, reduce_start);
+    sharded_step(reply, out, st, m.snapshot, reduce_start);
     return reply;
   }
   collective(CollectiveKind::allreduce, trainer_->model().grads(), n, DType::float32, "gradient allreduce",
@@ -252,7 +252,7 @@ Result<std::vector<std::vector<float>>> TrainerRank::handle(const ScoreValues& m
   return out;
 }
 
-void TrainerRank::sharded_step(Deferred<RankStepStats> reply, RankStepStats out, train::StepStats st,
+void TrainerRank::sharded_step(Deferred<RankStepStats> reply, RankStepStats out, train::StepStats st, bool snapshot,
                                Clock::time_point reduce_start) {
   // The gradient's sum, each rank's segment only; then the global norm
   // from every rank's part; then each rank's update of its segment; then
@@ -262,21 +262,26 @@ void TrainerRank::sharded_step(Deferred<RankStepStats> reply, RankStepStats out,
   const size_t n = trainer_->model().layout().total();
   const size_t ranks = group_->size;
   collective(CollectiveKind::reduce_scatter, trainer_->model().grads(), n, DType::float32,
-             "gradient reduce-scatter", [this, reply, out, st, reduce_start, n, ranks](Status s) mutable {
+             "gradient reduce-scatter", [this, reply, out, st, snapshot, reduce_start, n, ranks](Status s) mutable {
                if (!s.ok()) return reply.fail(s);
                norm_parts_.assign(ranks, 0.0);
                norm_parts_[group_->rank] = trainer_->squared_norm();
                collective(CollectiveKind::allgather, norm_parts_.data(), 2 * ranks, DType::int32,
-                          "gradient norm allgather", [this, reply, out, st, reduce_start, n](Status s) mutable {
+                          "gradient norm allgather", [this, reply, out, st, snapshot, reduce_start, n](Status s) mutable {
                             if (!s.ok()) return reply.fail(s);
                             double sumsq = 0;
                             for (double p : norm_parts_) sumsq += p;
                             trainer_->apply_gradients(st, std::sqrt(sumsq));
                             out.grad_norm = st.grad_norm;
                             out.learning_rate = st.learning_rate;
-                            auto done = [reply, out, reduce_start](Status s) mutable {
+                            auto done = [this, reply, out, snapshot, reduce_start](Status s) mutable {
                               if (!s.ok()) return reply.fail(s);
                               out.allreduce_seconds = seconds_since(reduce_start);
+                              if (snapshot) {
+                                auto snap = take_snapshot();
+                                if (!snap) return reply.fail(snap.error());
+                                out.snapshot.push_back(std::move(*snap));
+                              }
                               reply.complete(out);
                             };
                             // A NaN or infinite norm updated nothing, on every rank.
@@ -576,7 +581,9 @@ Status TrainerRank::store_copy(ShardCopy& c, const ShardSnapshot& meta, const fl
   return {};
 }
 
-Result<ShardSnapshot> TrainerRank::handle(const SnapshotShard&) {
+Result<ShardSnapshot> TrainerRank::handle(const SnapshotShard&) { return take_snapshot(); }
+
+Result<ShardSnapshot> TrainerRank::take_snapshot() {
   if (!shard_ || shard_->begin == shard_->end || !group_) {
     return error(ErrorCode::invalid_argument, "trainer: no optimizer shard to snapshot (trainer.shard_optimizer with "
                                               "2 or more ranks, once the rank has joined its group)");

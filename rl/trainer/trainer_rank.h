@@ -49,6 +49,27 @@ struct WireSequence {
   TROUPE_FIELDS(prompt, completion, logprobs, advantage, reward, mask, values);
 };
 
+/// ZeRO-1's in-memory recovery (trainer.shard_backup): a rank's segment of
+/// the training state as it was after an optimizer step (its segment of
+/// the parameters and the segment's AdamW moments), registered for other
+/// ranks to read. The driver has each rank snapshot its segment after
+/// every update, and the next rank (rank + 1 mod ranks) back it up; each
+/// keeps the last two of both. So a lost rank's segment is in memory on
+/// its successor, and every rank can go back to the last committed step,
+/// whichever part of a snapshot round a rank was lost in.
+struct ShardSnapshot {
+  RemoteBuffer params, m, v;
+  /// The segment [begin, end) of the parameter buffer.
+  uint64_t begin = 0, end = 0;
+  uint64_t optimizer_steps = 0;
+  bool rl_phase = false;
+  /// The KL penalty's reference policy, whole (empty: none).
+  RemoteBuffer reference;
+  /// The model's parameters (the reference's floats).
+  uint64_t floats = 0;
+  TROUPE_FIELDS(params, m, v, begin, end, optimizer_steps, rl_phase, reference, floats);
+};
+
 /// What one rank's step did (its share; the driver combines the ranks').
 struct RankStepStats {
   /// The rank's loss over its share (weight it by grad_scale to combine).
@@ -62,8 +83,10 @@ struct RankStepStats {
   double value_loss = 0, explained_variance = 0;
   /// Seconds computing the gradient, and in the allreduce.
   double compute_seconds = 0, allreduce_seconds = 0;
+  /// TrainStep::snapshot: the segment's snapshot after the update (one).
+  std::vector<ShardSnapshot> snapshot;
   TROUPE_FIELDS(loss, grad_norm, learning_rate, completion_tokens, clip_fraction, ratio_mean, kl, entropy, value_loss,
-                explained_variance, compute_seconds, allreduce_seconds);
+                explained_variance, compute_seconds, allreduce_seconds, snapshot);
 };
 
 /// Joins the rank to its collective group (sent once per group).
@@ -87,7 +110,11 @@ struct TrainStep {
   /// beside the others.
   uint64_t expected_steps = 0;
   bool rl_phase = false;
-  TROUPE_MESSAGE_NAMED(TrainStep, "troupe.rl.TrainStep", supervised, sequences, grad_scale, expected_steps, rl_phase);
+  /// ZeRO-1 with shard_backup: once updated, snapshot the segment (what
+  /// SnapshotShard does) and answer with it, saving the driver a round.
+  bool snapshot = false;
+  TROUPE_MESSAGE_NAMED(TrainStep, "troupe.rl.TrainStep", supervised, sequences, grad_scale, expected_steps, rl_phase,
+                       snapshot);
 };
 
 /// PPO: the critic's value at each completion token of each sequence, with
@@ -177,26 +204,6 @@ struct ShardVersion {
   TROUPE_FIELDS(optimizer_steps, rl_phase);
 };
 
-/// ZeRO-1's in-memory recovery (trainer.shard_backup): a rank's segment of
-/// the training state as it was after an optimizer step (its segment of
-/// the parameters and the segment's AdamW moments), registered for other
-/// ranks to read. The driver has each rank snapshot its segment after
-/// every update, and the next rank (rank + 1 mod ranks) back it up; each
-/// keeps the last two of both. So a lost rank's segment is in memory on
-/// its successor, and every rank can go back to the last committed step,
-/// whichever part of a snapshot round a rank was lost in.
-struct ShardSnapshot {
-  RemoteBuffer params, m, v;
-  /// The segment [begin, end) of the parameter buffer.
-  uint64_t begin = 0, end = 0;
-  uint64_t optimizer_steps = 0;
-  bool rl_phase = false;
-  /// The KL penalty's reference policy, whole (empty: none).
-  RemoteBuffer reference;
-  /// The model's parameters (the reference's floats).
-  uint64_t floats = 0;
-  TROUPE_FIELDS(params, m, v, begin, end, optimizer_steps, rl_phase, reference, floats);
-};
 /// Copies the rank's segment (and its reference policy) into its snapshot;
 /// replies with it. Errors: not sharded, or no group yet.
 struct SnapshotShard {
@@ -347,7 +354,10 @@ class TrainerRank : public Actor<TrainerRank, JoinTrainerGroup, TrainStep, Score
   void restore_shard(const ShardSnapshot& at, const float* params, std::vector<float> m, std::vector<float> v,
                      const std::vector<float>* reference);
   // The rest of a TrainStep under ZeRO-1, from the gradients on.
-  void sharded_step(Deferred<RankStepStats> reply, RankStepStats out, train::StepStats st,
+  /// Copies the segment (and the reference policy) into the next snapshot
+  /// generation: SnapshotShard, and TrainStep::snapshot.
+  Result<ShardSnapshot> take_snapshot();
+  void sharded_step(Deferred<RankStepStats> reply, RankStepStats out, train::StepStats st, bool snapshot,
                     std::chrono::steady_clock::time_point reduce_start);
 };
 
