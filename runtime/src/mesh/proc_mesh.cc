@@ -168,16 +168,22 @@ Status detail::mesh_cast(const MeshMembers& members, const Shape& view, MessageB
 
 namespace {
 
-/// Makes the group's host arena in the process of its rank 0 and maps it in
-/// the others: true when every process has it (they are all on one host),
-/// false when one cannot (the group then uses the ring).
-bool set_up_arena(const MeshMembers& members, const Shape& view, const CollectiveGroup& spec,
-                  std::chrono::milliseconds timeout) {
+/// The processes of the view's members, each once, in rank order.
+std::vector<size_t> view_processes(const MeshMembers& members, const Shape& view) {
   std::vector<size_t> processes;
   for (size_t i = 0; i < view.size(); ++i) {
     size_t p = members.process_of[view.rank(i)];
     if (std::find(processes.begin(), processes.end(), p) == processes.end()) processes.push_back(p);
   }
+  return processes;
+}
+
+/// Makes the group's host arena in the process of its rank 0 and maps it in
+/// the others: true when every process has it (they are all on one host),
+/// false when one cannot (the group then uses the ring).
+bool set_up_arena(const MeshMembers& members, const Shape& view, const CollectiveGroup& spec,
+                  std::chrono::milliseconds timeout) {
+  std::vector<size_t> processes = view_processes(members, view);
   auto offer = members.anchors[processes[0]]
                    .ask<collectives::SlotsOffer>(mesh::MakeArena{spec.id, spec.size, spec.chunk_bytes}, timeout)
                    .get();
@@ -241,11 +247,7 @@ Result<std::vector<CollectiveGroup>> detail::make_group(const MeshMembers& membe
 }
 
 Status detail::release_group(const MeshMembers& members, const Shape& view, const std::string& id) {
-  std::vector<size_t> processes;
-  for (size_t i = 0; i < view.size(); ++i) {
-    size_t p = members.process_of[view.rank(i)];
-    if (std::find(processes.begin(), processes.end(), p) == processes.end()) processes.push_back(p);
-  }
+  std::vector<size_t> processes = view_processes(members, view);
   std::vector<Future<void>> left;
   for (size_t p : processes) {
     left.push_back(members.anchors[p].ask<void>(mesh::LeaveGroup{id}, std::chrono::seconds(10)));
