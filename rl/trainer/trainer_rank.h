@@ -52,8 +52,9 @@ struct WireSequence {
 /// ZeRO-1's in-memory recovery (trainer.shard_backup): a rank's segment of
 /// the training state as it was after an optimizer step (its segment of
 /// the parameters and the segment's AdamW moments), registered for other
-/// ranks to read. The driver has each rank snapshot its segment after
-/// every update, and the next rank (rank + 1 mod ranks) back it up; each
+/// ranks to read. Each rank snapshots its segment at the end of every
+/// update (TrainStep::snapshot), and the driver has the next rank (rank + 1
+/// mod ranks) back it up; each
 /// keeps the last two of both. So a lost rank's segment is in memory on
 /// its successor, and every rank can go back to the last committed step,
 /// whichever part of a snapshot round a rank was lost in.

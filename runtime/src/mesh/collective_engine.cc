@@ -32,6 +32,14 @@ AnyRef CollectiveGroup::engine(const AnyRef& self) const {
 namespace mesh {
 
 namespace {
+/// The ErrorCode of a failure that came as a byte (GroupBroken, ArenaDone):
+/// one that is not a failure's code (ok, or from a newer build) reads as
+/// invalid_argument, so a group never breaks with "ok".
+ErrorCode failure_code(uint8_t code) {
+  if (code == 0 || code > static_cast<uint8_t>(ErrorCode::storage)) return ErrorCode::invalid_argument;
+  return static_cast<ErrorCode>(code);
+}
+
 const char* kind_name(CollectiveKind kind) {
   switch (kind) {
     case CollectiveKind::allreduce: return "allreduce";
@@ -188,9 +196,7 @@ void ProcAnchor::handle(const ArenaDone& m) {
   // Broken by another process: its reason comes from it (GroupBroken) or
   // from its monitor (it died); the collective fails then, with it.
   if (g.arena.arena && g.arena.arena->broken()) return;
-  auto code = static_cast<ErrorCode>(m.code);
-  if (m.code > static_cast<uint8_t>(ErrorCode::storage)) code = ErrorCode::invalid_argument;
-  break_group(m.group, Status(code, m.why), /*tell_others=*/true);
+  break_group(m.group, Status(failure_code(m.code), m.why), /*tell_others=*/true);
 }
 
 void ProcAnchor::offer_slots(Group& g, uint32_t rank) {
@@ -569,9 +575,7 @@ bool ProcAnchor::agrees(Group& g, const Op& op, uint64_t signature, uint32_t fro
 }
 
 void ProcAnchor::handle(const GroupBroken& m) {
-  auto code = static_cast<ErrorCode>(m.code);
-  if (m.code == 0 || m.code > static_cast<uint8_t>(ErrorCode::storage)) code = ErrorCode::invalid_argument;
-  break_group(m.group, Status(code, m.why));
+  break_group(m.group, Status(failure_code(m.code), m.why));
 }
 
 void ProcAnchor::break_group(const std::string& id, Status why, bool tell_others, bool released) {
