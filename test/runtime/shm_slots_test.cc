@@ -61,6 +61,13 @@ TEST_CASE("shm slots: an offer that names another segment, or none, is refused w
     REQUIRE_FALSE(r.has_value());
     CHECK_THAT(r.error().message(), Catch::Contains("not the segment offered"));
   }
+  SECTION("another host id (TROUPE_HOST_ID set apart), even where the fd could be opened") {
+    offer.host += "-elsewhere";
+    auto r = SlotSegment::open(offer);
+    REQUIRE_FALSE(r.has_value());
+    CHECK(r.error().code() == ErrorCode::unsupported);
+    CHECK_THAT(r.error().message(), Catch::Contains("a segment of host"));
+  }
   SECTION("an fd that is not open there") {
     offer.fd = 100000;
     auto r = SlotSegment::open(offer);

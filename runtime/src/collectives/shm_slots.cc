@@ -12,6 +12,8 @@
 #include <string>
 #include <utility>
 
+#include "collectives/host_id.h"
+
 namespace troupe::collectives {
 namespace {
 
@@ -86,7 +88,7 @@ Result<SlotSegment> SlotSegment::create(uint32_t slots, uint64_t slot_bytes) {
   }
   Header h{kMagic, cookie, slots, slot_bytes};
   std::memcpy(s.base_, &h, sizeof h);
-  s.offer_ = SlotsOffer{static_cast<int64_t>(::getpid()), s.fd_, cookie, slots, slot_bytes};
+  s.offer_ = SlotsOffer{static_cast<int64_t>(::getpid()), s.fd_, cookie, slots, slot_bytes, host_id()};
   return s;
 }
 
@@ -95,6 +97,9 @@ Result<SlotSegment> SlotSegment::open(const SlotsOffer& offer) {
       offer.slot_bytes * offer.slots > kMaxSegmentBytes || offer.pid <= 0 || offer.fd < 0) {
     return error(ErrorCode::malformed, "collectives: a slot offer is malformed (" + std::to_string(offer.slots) +
                                            " x " + std::to_string(offer.slot_bytes) + " bytes)");
+  }
+  if (offer.host != host_id()) {
+    return error(ErrorCode::unsupported, "collectives: a segment of host " + offer.host + ", and this is " + host_id());
   }
   std::string path = "/proc/" + std::to_string(offer.pid) + "/fd/" + std::to_string(offer.fd);
   int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);

@@ -19,6 +19,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include "troupe/codec.h"
 #include "troupe/status.h"
@@ -32,7 +33,10 @@ struct SlotsOffer {
   uint64_t cookie = 0;
   uint32_t slots = 0;
   uint64_t slot_bytes = 0;
-  TROUPE_FIELDS(pid, fd, cookie, slots, slot_bytes);
+  /// The offering process's host id (collectives/host_id.h): a process
+  /// with another one does not try to map it.
+  std::string host;
+  TROUPE_FIELDS(pid, fd, cookie, slots, slot_bytes, host);
 };
 
 /// A mapping of a slot segment: the receiver's (create) or the sender's
@@ -51,7 +55,7 @@ class SlotSegment {
   static Result<SlotSegment> create(uint32_t slots, uint64_t slot_bytes);
   /// Maps the segment another process of this host offered; fails (and the
   /// caller keeps to messages) when it is not reachable from here: another
-  /// host, another pid namespace, or no permission on /proc/<pid>/fd.
+  /// host id, another pid namespace, or no permission on /proc/<pid>/fd.
   static Result<SlotSegment> open(const SlotsOffer& offer);
 
   /// What to send the sender (the receiver's side).
