@@ -9,12 +9,15 @@
 
 #include <cstring>
 #include <fstream>
+#include <map>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include <catch2/catch.hpp>
 
+#include "collectives/host_id.h"
 #include "mesh/proc_anchor.h"
 #include "support/local_cluster.h"
 #include "troupe/collective_group.h"
@@ -48,9 +51,13 @@ struct RunAllReduce {
 struct MyPid {
   TROUPE_MESSAGE_NAMED(MyPid, "test.coll.MyPid");
 };
+/// The host id of the member's process (collectives/host_id.h).
+struct MyHost {
+  TROUPE_MESSAGE_NAMED(MyHost, "test.coll.MyHost");
+};
 /// How the chunks of the member's group came to its process: {in slots, in
 /// messages, reduced straight into the next rank's slot, collectives done
-/// through the host arena}.
+/// through a host arena, of those the ones that also went between hosts}.
 struct ChunkCounts {
   TROUPE_MESSAGE_NAMED(ChunkCounts, "test.coll.ChunkCounts");
 };
@@ -68,17 +75,18 @@ uint32_t owner_of(size_t i, size_t count, uint32_t ranks) {
 
 double pattern(uint32_t rank, size_t i) { return static_cast<double>((rank + 1) * 3 + static_cast<int>(i % 11)) * 0.5; }
 
-class Reducer : public troupe::Actor<Reducer, SetGroup, RunAllReduce, MyPid, ChunkCounts> {
+class Reducer : public troupe::Actor<Reducer, SetGroup, RunAllReduce, MyPid, MyHost, ChunkCounts> {
  public:
   void handle(const SetGroup& m) { group_ = m.group; }
   int64_t handle(const MyPid&) { return getpid(); }
+  std::string handle(const MyHost&) { return troupe::collectives::host_id(); }
   troupe::Deferred<std::vector<uint64_t>> handle(const ChunkCounts&) {
     auto reply = defer<std::vector<uint64_t>>();
     ask<troupe::mesh::GroupCounters>(group_.engine(self()), troupe::mesh::GroupStats{group_.id})
         .then([reply](troupe::Result<troupe::mesh::GroupCounters> r) mutable {
           if (!r) return reply.fail(r.error());
           reply.complete(std::vector<uint64_t>{r->chunks_in_slots, r->chunks_in_messages, r->reduced_into_slots,
-                                               r->arena_collectives});
+                                               r->arena_collectives, r->hierarchical_collectives});
         });
     return reply;
   }
@@ -152,8 +160,11 @@ double expected(DType dtype, ReduceOp op, uint32_t ranks, size_t i) {
   return acc;
 }
 
-/// The 8-process mesh with a Reducer in each process.
+/// The 8-process mesh with a Reducer in each process (over agents with
+/// these host ids, when given).
 struct CollectiveCluster : EightProcessMesh {
+  CollectiveCluster() = default;
+  explicit CollectiveCluster(const std::vector<std::string>& host_ids) : EightProcessMesh(host_ids) {}
   troupe::ActorMesh<Reducer> mesh = procs.spawn<Reducer>({.max_restarts = -1}).value();
 
   void give_groups(const troupe::ActorMesh<Reducer>& view, std::chrono::milliseconds timeout = 30s) {
@@ -165,7 +176,130 @@ struct CollectiveCluster : EightProcessMesh {
   }
 };
 
+/// How many of `view`'s members are on each host id.
+std::map<std::string, size_t> members_per_host(const troupe::ActorMesh<Reducer>& view) {
+  std::map<std::string, size_t> per_host;
+  for (size_t m = 0; m < view.size(); ++m) ++per_host[view.member(m).ask(MyHost{}).get().value()];
+  return per_host;
+}
+
+/// Runs every kind of collective on `view` (its group given) for a few
+/// sizes, types and ops, checking every member's result.
+void check_every_kind(const troupe::ActorMesh<Reducer>& view) {
+  auto n = static_cast<uint32_t>(view.size());
+  using troupe::CollectiveKind;
+  struct Case {
+    CollectiveKind kind;
+    size_t count;
+    DType dtype;
+    ReduceOp op;
+    uint32_t root = 0;
+  };
+  for (const Case& k : std::vector<Case>{{CollectiveKind::allreduce, 0, DType::float32, ReduceOp::sum},
+                                         {CollectiveKind::allreduce, 1, DType::float32, ReduceOp::sum},
+                                         {CollectiveKind::allreduce, 7, DType::float32, ReduceOp::avg},
+                                         {CollectiveKind::allreduce, 1001, DType::int32, ReduceOp::max},
+                                         {CollectiveKind::allreduce, 4099, DType::int32, ReduceOp::avg},
+                                         {CollectiveKind::allreduce, 300'001, DType::float32, ReduceOp::avg},
+                                         {CollectiveKind::reduce_scatter, 5, DType::float32, ReduceOp::sum},
+                                         {CollectiveKind::reduce_scatter, 100'003, DType::float32, ReduceOp::avg},
+                                         {CollectiveKind::allgather, 5, DType::float32, ReduceOp::sum},
+                                         {CollectiveKind::allgather, 70'001, DType::int32, ReduceOp::sum},
+                                         {CollectiveKind::broadcast, 50'000, DType::float32, ReduceOp::sum, n - 1},
+                                         {CollectiveKind::broadcast, 3, DType::int32, ReduceOp::sum, 1},
+                                         {CollectiveKind::barrier, 0, DType::float32, ReduceOp::sum}}) {
+    INFO("kind " << static_cast<int>(k.kind) << ": count " << k.count << " dtype " << troupe::dtype_name(k.dtype)
+                 << " op " << troupe::op_name(k.op) << " root " << k.root);
+    auto results = view.call(RunAllReduce{k.count, static_cast<uint8_t>(k.dtype), static_cast<uint8_t>(k.op),
+                                          static_cast<uint8_t>(k.kind), k.root},
+                             60s);
+    INFO((results.ok() ? std::string("ok") : results.errors()[0].second.to_string()));
+    REQUIRE(results.ok());
+    for (uint32_t r = 0; r < n; ++r) {
+      const auto& got = *results[r];
+      REQUIRE(got.size() == k.count);
+      size_t wrong = 0;
+      for (size_t i = 0; i < k.count; ++i) {
+        double in = k.dtype == DType::float32 ? pattern(owner_of(i, k.count, n), i)
+                                              : static_cast<double>(static_cast<int32_t>(pattern(owner_of(i, k.count, n), i) * 2));
+        switch (k.kind) {
+          case CollectiveKind::allreduce: wrong += got[i] != expected(k.dtype, k.op, n, i); break;
+          case CollectiveKind::reduce_scatter:
+            if (owner_of(i, k.count, n) == r) wrong += got[i] != expected(k.dtype, k.op, n, i);
+            break;
+          case CollectiveKind::allgather: wrong += got[i] != in; break;
+          case CollectiveKind::broadcast:
+            wrong += got[i] != (k.dtype == DType::float32 ? pattern(k.root, i)
+                                                          : static_cast<double>(static_cast<int32_t>(pattern(k.root, i) * 2)));
+            break;
+          case CollectiveKind::barrier: break;
+        }
+      }
+      INFO("member " << r);
+      CHECK(wrong == 0);
+    }
+  }
+}
+
 }  // namespace
+
+TEST_CASE("collectives: a group over two hosts reduces in each host's arena and between the hosts in rings of one "
+          "rank per host, every kind matching the reference",
+          "[cluster][collectives][hierarchical]") {
+  // Two agents that stand for two hosts: their processes never share memory.
+  CollectiveCluster c({"host-a", "host-b"});
+  auto per_host = members_per_host(c.mesh);
+  REQUIRE(per_host.size() == 2);
+  REQUIRE(per_host.begin()->second == 4);  // 4 + 4: four two-rank rings between the hosts
+  // 64 KiB chunks: the largest allreduce's column rings pipeline several.
+  c.give_groups(c.mesh, troupe::GroupOptions{.chunk_bytes = 64 << 10});
+  check_every_kind(c.mesh);
+  auto counts = c.mesh.call(ChunkCounts{});
+  REQUIRE(counts.ok());
+  for (size_t m = 0; m < 8; ++m) {
+    INFO("member " << m);
+    // allreduce (6), reduce_scatter (2), broadcast (2), barrier (1) went
+    // through the arenas and between the hosts; allgather (2) is a flat ring.
+    CHECK((*counts[m])[3] == 11);
+    CHECK((*counts[m])[4] == 11);
+    // Every rank's column ring crosses to the other host: by message.
+    CHECK((*counts[m])[1] > 0);
+  }
+  // The flat ring (allgather) moved some chunks through shared memory, from
+  // a neighbour on the same host, and none between the hosts' processes.
+  size_t in_slots = 0;
+  for (size_t m = 0; m < 8; ++m) in_slots += (*counts[m])[0];
+  CHECK(in_slots > 0);
+}
+
+TEST_CASE("collectives: a group over hosts with different numbers of ranks reduces through the hosts' leaders",
+          "[cluster][collectives][hierarchical]") {
+  // Agents a1 and a2 share a host id (one host of two agents), a3 has its own:
+  // SPREAD puts more members on the first than on the other.
+  CollectiveCluster c({"host-x", "host-x", "host-y"});
+  auto per_host = members_per_host(c.mesh);
+  REQUIRE(per_host.size() == 2);
+  REQUIRE(per_host.begin()->second != per_host.rbegin()->second);
+  c.give_groups(c.mesh, troupe::GroupOptions{.chunk_bytes = 64 << 10});
+  check_every_kind(c.mesh);
+  auto counts = c.mesh.call(ChunkCounts{});
+  REQUIRE(counts.ok());
+  for (size_t m = 0; m < 8; ++m) {
+    size_t alongside = per_host[c.mesh.member(m).ask(MyHost{}).get().value()];
+    INFO("member " << m << ", on a host with " << alongside << " members");
+    // A member alone on its host has no arena: its part is the leaders' ring.
+    CHECK((*counts[m])[4] == (alongside > 1 ? 11 : 0));
+  }
+  // A slice all on one host is a single arena again.
+  auto on_x = c.mesh.flatten("members").range("members", 0, 2).value();
+  REQUIRE(members_per_host(on_x).size() == 1);
+  c.give_groups(on_x);
+  REQUIRE(on_x.call(RunAllReduce{10, static_cast<uint8_t>(DType::float32), static_cast<uint8_t>(ReduceOp::sum)}).ok());
+  auto single = on_x.call(ChunkCounts{});
+  REQUIRE(single.ok());
+  CHECK((*single[0])[3] == 1);
+  CHECK((*single[0])[4] == 0);
+}
 
 TEST_CASE("collectives: allreduce across 8 processes matches the reference for sizes, ops and types, on every "
           "data path",
@@ -221,7 +355,12 @@ TEST_CASE("collectives: allreduce across 8 processes matches the reference for s
 TEST_CASE("collectives: a member's process killed during an allreduce fails it on every survivor, a new group "
           "works once it is back",
           "[cluster][collectives]") {
-  CollectiveCluster c;
+  // On one host (one arena), and on two (arenas, and rings between them).
+  const bool two_hosts = GENERATE(false, true);
+  INFO((two_hosts ? "two hosts" : "one host"));
+  auto cluster = two_hosts ? std::make_unique<CollectiveCluster>(std::vector<std::string>{"host-a", "host-b"})
+                           : std::make_unique<CollectiveCluster>();
+  CollectiveCluster& c = *cluster;
   c.give_groups(c.mesh);
   int64_t victim = c.mesh.member(7).ask(MyPid{}).get().value();
   // Seven members start; the eighth never will: its process is killed.

@@ -41,8 +41,9 @@ struct TempHome {
   }
 };
 
-inline std::unique_ptr<Daemon> launch(const TempHome& home, std::vector<std::string> args) {
-  auto d = std::make_unique<Daemon>(TROUPE_CLI, home.path, kToken, std::move(args));
+inline std::unique_ptr<Daemon> launch(const TempHome& home, std::vector<std::string> args,
+                                      std::vector<std::string> prefix = {}) {
+  auto d = std::make_unique<Daemon>(TROUPE_CLI, home.path, kToken, std::move(args), std::move(prefix));
   INFO("the daemon said: " << d->said());
   REQUIRE(d->ok());
   return d;
@@ -51,14 +52,20 @@ inline std::unique_ptr<Daemon> launch(const TempHome& home, std::vector<std::str
 inline std::unique_ptr<Daemon> head(const TempHome& home, const std::string& port = "0") {
   return launch(home, {"start", "--head", "--port", port, "--data-dir", (home.path / "head").string()});
 }
+/// `host_id`, when given, is the agent's (and its workers') TROUPE_HOST_ID:
+/// agents with different ones stand for different hosts as far as shared
+/// memory goes (collectives/host_id.h).
 inline std::unique_ptr<Daemon> agent(const TempHome& home, const std::string& head_address, const std::string& id,
-                                     const std::string& cpus = "2", const std::string& labels = "") {
+                                     const std::string& cpus = "2", const std::string& labels = "",
+                                     const std::string& host_id = "") {
   std::vector<std::string> args{"start", "--address", head_address, "--node-id", id, "--cpus", cpus};
   if (!labels.empty()) {
     args.push_back("--labels");
     args.push_back(labels);
   }
-  return launch(home, args);
+  std::vector<std::string> prefix;
+  if (!host_id.empty()) prefix = {"env", "TROUPE_HOST_ID=" + host_id};
+  return launch(home, args, prefix);
 }
 
 /// Polls the head's status until `pred` holds or `timeout` passes.
@@ -92,8 +99,13 @@ struct LocalCluster {
   explicit LocalCluster(int n) {
     for (int i = 1; i <= n; ++i) add_agent("a" + std::to_string(i));
   }
-  Daemon& add_agent(const std::string& id, const std::string& cpus = "2", const std::string& labels = "") {
-    agents.push_back(agent(home, head_process->address(), id, cpus, labels));
+  /// One agent per host id ("a1" with host_ids[0], ...).
+  explicit LocalCluster(const std::vector<std::string>& host_ids) {
+    for (size_t i = 0; i < host_ids.size(); ++i) add_agent("a" + std::to_string(i + 1), "2", "", host_ids[i]);
+  }
+  Daemon& add_agent(const std::string& id, const std::string& cpus = "2", const std::string& labels = "",
+                    const std::string& host_id = "") {
+    agents.push_back(agent(home, head_process->address(), id, cpus, labels, host_id));
     size_t want = agents.size();
     REQUIRE(status_until(cluster, 5s, [&](auto& st) { return st.nodes.size() == want; }));
     return *agents.back();
@@ -101,13 +113,19 @@ struct LocalCluster {
 };
 
 /// A {hosts: 2, procs: 4} proc mesh of 8 worker processes over two 2-CPU
-/// agents (a PACK group of 8 half-CPU bundles: 4 per agent).
+/// agents (a PACK group of 8 half-CPU bundles: 4 per agent); or over one
+/// agent per given host id, SPREAD.
 struct EightProcessMesh {
-  LocalCluster local{2};
+  EightProcessMesh() : local(2) {}
+  explicit EightProcessMesh(const std::vector<std::string>& host_ids)
+      : local(host_ids), strategy(troupe::PlacementStrategy::spread) {}
+
+  LocalCluster local;
+  troupe::PlacementStrategy strategy = troupe::PlacementStrategy::pack;
   troupe::Shape shape = troupe::Shape::make({{"hosts", 2}, {"procs", 4}}).value();
   std::string pg = [this] {
     troupe::PlacementGroupSpec spec;
-    spec.strategy = troupe::PlacementStrategy::pack;
+    spec.strategy = strategy;
     spec.bundles.assign(8, troupe::Bundle{{{"CPU", 0.5}}});
     return local.cluster.create_placement_group(spec).value();
   }();

@@ -1,17 +1,19 @@
 // The collective engine of a mesh process (ProcAnchor's collective
-// handlers): ring allreduce between the processes' engines, the schedule
-// from collectives/ring.h, the arithmetic from collectives/reduce.h. Each
-// chunk goes to the next rank's engine as a message, with its bytes, or,
-// when both are on one host, written into a shared-memory slot of the next
-// rank (collectives/shm_slots.h) with a small message saying which; the
-// receiver reads it from there and gives the slot back. C chunk steps are in
-// flight at once (the schedule says when a send may read what was
-// received), bounded by the free slots. A group whose processes are all on
-// this host skips the ring: its collectives on CPU memory run through its
-// arena (collectives/host_arena.h) on a thread per local rank
-// (collectives/arena_runner.h), which answers through ArenaDone. A dead
-// peer engine, or the group's deadline, fails every collective in progress
-// on the surviving ranks, and breaks the group (and its arena).
+// handlers). A collective on CPU memory runs a plan (collectives/hierarchy.h):
+// stages in the arena of this rank's host (collectives/host_arena.h), run on
+// a thread per local rank (collectives/arena_runner.h) that answers through
+// ArenaDone, and at most one stage between the engines: a ring (schedule
+// from collectives/ring.h, arithmetic from collectives/reduce.h) or a tree.
+// A group on one host is one arena stage; a group with no arenas is one
+// ring or tree over all ranks. On the ring each chunk goes to the next
+// rank's engine as a message, with its bytes, or, when both are on one
+// host, written into a shared-memory slot of the next rank
+// (collectives/shm_slots.h) with a small message saying which; the receiver
+// reads it from there and gives the slot back. C chunk steps are in flight
+// at once (the schedule says when a send may read what was received),
+// bounded by the free slots. A dead peer engine, or the group's deadline,
+// fails every collective in progress on the surviving ranks, and breaks the
+// group (and its arenas).
 #include <algorithm>
 #include <cstring>
 #include <thread>
@@ -68,14 +70,18 @@ Result<void> ProcAnchor::handle(const JoinGroup& m) {
     return error(ErrorCode::invalid_argument, "collectives: group " + spec.id + ": chunk_bytes " +
                                                   std::to_string(spec.chunk_bytes) + " is outside [4 KiB, 64 MiB]");
   }
-  if (spec.size == 0 || spec.rank >= spec.size || spec.engines.size() != spec.size) {
+  if (spec.size == 0 || spec.rank >= spec.size || spec.engines.size() != spec.size ||
+      (!m.hosts.empty() && m.hosts.size() != spec.size)) {
     return error(ErrorCode::invalid_argument, "collectives: group " + spec.id + " is malformed (rank " +
                                                   std::to_string(spec.rank) + " of " + std::to_string(spec.size) +
-                                                  ", " + std::to_string(spec.engines.size()) + " engines)");
+                                                  ", " + std::to_string(spec.engines.size()) + " engines, hosts for " +
+                                                  std::to_string(m.hosts.size()) + ")");
   }
   Group& g = groups_[spec.id];
   if (g.engines.empty()) {
     g.spec = spec;
+    g.layout = m.hosts.empty() ? collectives::GroupLayout::flat(spec.size)
+                               : collectives::GroupLayout::make(m.hosts).value();
     detail::CellControl* me = self().cell();
     for (uint32_t r = 0; r < spec.size; ++r) {
       auto cell = detail::cell_at(me, spec.engines[r].address, spec.engines[r].id);
@@ -104,7 +110,8 @@ Result<void> ProcAnchor::handle(const JoinGroup& m) {
     }
   }
   g.ranks[spec.rank];  // this process hosts that rank
-  if (m.arena) {
+  bool shares_host = g.layout.ranks_on(g.layout.host_of(spec.rank)).size() > 1;
+  if (shares_host) {
     if (!g.arena.arena) {
       auto p = std::find_if(pending_arenas_.begin(), pending_arenas_.end(),
                             [&](const auto& e) { return e.first == spec.id; });
@@ -116,10 +123,12 @@ Result<void> ProcAnchor::handle(const JoinGroup& m) {
       g.arena.arena = std::move(p->second);
       pending_arenas_.erase(p);
     }
-    return {};  // no ring slots: every collective on CPU memory goes through the arena
+  } else {
+    std::erase_if(pending_arenas_, [&](const auto& e) { return e.first == spec.id; });
   }
-  std::erase_if(pending_arenas_, [&](const auto& e) { return e.first == spec.id; });
-  if (spec.shared_memory && spec.size > 1) offer_slots(g, spec.rank);
+  // Ring slots for the flat ring (allgather, or every kind without arenas):
+  // a group on one host never uses it.
+  if (spec.shared_memory && spec.size > 1 && g.layout.hosts() > 1) offer_slots(g, spec.rank);
   return {};
 }
 
@@ -154,12 +163,18 @@ void ProcAnchor::Group::Arena::close() {
 }
 
 void ProcAnchor::run_on_arena(Group& g, uint32_t rank, const Op& op) {
+  if (!g.arena.arena) {  // a JoinGroup without its arena was refused: a bug if it comes to this
+    break_group(g.spec.id, Status(ErrorCode::invalid_argument, "collectives: group " + g.spec.id + ": rank " +
+                                                                   std::to_string(rank) + " has no arena here"));
+    return;
+  }
+  const collectives::Stage& stage = op.plan.stages[op.stage];
   auto& runner = g.arena.runners[rank];
   if (!runner) {
     AnyRef engine = self();
     std::string id = g.spec.id;
     runner = std::make_unique<collectives::ArenaRunner>(
-        *g.arena.arena, rank, [engine, id, rank](uint64_t seq, Status status) {
+        *g.arena.arena, g.layout.local_index(rank), [engine, id, rank](uint64_t seq, Status status) {
           // A full mailbox would lose the answer (the collective would then
           // fail at its deadline): the runner's thread can afford to wait
           // for room, paced, for a while.
@@ -173,8 +188,17 @@ void ProcAnchor::run_on_arena(Group& g, uint32_t rank, const Op& op) {
   // A little past the group's deadline: the engine's own timer breaks the
   // group first, with its message; this only bounds a runner left alone.
   auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(g.spec.timeout_ms) + std::chrono::seconds(1);
+  // The host's ranks agree on the stage (the k-th arena stage of the same
+  // collective), whatever else their plans hold (a leader's net stage).
+  uint64_t arena_stages = static_cast<uint64_t>(std::count_if(
+      op.plan.stages.begin(), op.plan.stages.begin() + static_cast<std::ptrdiff_t>(op.stage),
+      [](const collectives::Stage& s) { return s.where == collectives::StageWhere::arena; }));
+  uint64_t signature = op.signature ^ (0x9e3779b97f4a7c15ULL * (arena_stages + 1));
+  std::string what = op.plan.stages.size() == 1 ? op.what
+                                                 : op.what + " (its " + kind_name(stage.kind) + " in the host's arena)";
   runner->submit(op.seq,
-                 collectives::ArenaCall{op.kind, op.data, op.count, op.dtype, op.op, op.root, op.signature, op.what},
+                 collectives::ArenaCall{stage.kind, op.data, op.count, op.dtype, op.plan.arena_op, stage.root,
+                                        signature, std::move(what)},
                  deadline);
 }
 
@@ -187,10 +211,8 @@ void ProcAnchor::handle(const ArenaDone& m) {
   auto op = lr->second.ops.find(m.seq);
   if (op == lr->second.ops.end()) return;
   if (m.code == 0) {
-    ++g.counters.arena_collectives;
-    Deferred<void> reply = op->second.reply;
-    lr->second.ops.erase(op);
-    reply.complete();
+    ++op->second.stage;
+    advance(g, m.rank, m.seq);
     return;
   }
   // Broken by another process: its reason comes from it (GroupBroken) or
@@ -222,6 +244,7 @@ void ProcAnchor::handle(const SlotsOffered& m) {
     return;
   }
   Group::Outbox& out = g.outboxes[m.to_rank];
+  out.owner = m.from_rank;
   for (uint32_t i = segment->slots(); i-- > 0;) out.free.push_back(i);
   out.segment = std::move(*segment);
 }
@@ -313,30 +336,11 @@ Deferred<void> ProcAnchor::handle(const Collective& m) {
   op.kind = m.kind;
   op.gpu = gpu;
   op.root = m.root;
-  size_t chunk_elems = std::max<size_t>(1, g.spec.chunk_bytes / dtype_size(m.dtype));
-  // The CPU schedules (NCCL and the arena run their own).
-  bool arena = !gpu && g.arena.arena != nullptr;
-  if (!gpu && !arena) switch (m.kind) {
-    case CollectiveKind::allreduce:
-      op.schedule = collectives::ring_allreduce_schedule(g.spec.size, m.rank, m.count, chunk_elems);
-      break;
-    case CollectiveKind::reduce_scatter:
-      op.schedule = collectives::ring_reduce_scatter_schedule(g.spec.size, m.rank, m.count, chunk_elems);
-      break;
-    case CollectiveKind::allgather:
-      op.schedule = collectives::ring_allgather_schedule(g.spec.size, m.rank, m.count, chunk_elems);
-      break;
-    case CollectiveKind::broadcast:
-      for (auto& s : collectives::tree_broadcast_schedule(g.spec.size, m.root, m.rank)) {
-        op.peer_steps.push_back(PeerStep{static_cast<uint32_t>(s.peer), s.op == collectives::TreeOp::send});
-      }
-      break;
-    case CollectiveKind::barrier:
-      for (auto& r : collectives::barrier_schedule(g.spec.size, m.rank)) {
-        op.peer_steps.push_back(PeerStep{static_cast<uint32_t>(r.send_to), true});
-        op.peer_steps.push_back(PeerStep{static_cast<uint32_t>(r.recv_from), false});
-      }
-      break;
+  if (!gpu) {  // NCCL runs its own
+    op.plan = collectives::plan_collective(g.layout, m.rank, m.kind, m.count, m.op, m.root);
+    for (const collectives::Stage& stage : op.plan.stages) {
+      if (stage.where == collectives::StageWhere::net) set_net_steps(op, stage, g.spec.chunk_bytes / dtype_size(m.dtype));
+    }
   }
   op.signature = codec::type_id(std::to_string(static_cast<int>(m.kind)) + "/" + std::to_string(m.count) + "/" +
                                 std::to_string(static_cast<int>(m.dtype)) + "/" + std::to_string(static_cast<int>(m.op)) +
@@ -365,14 +369,75 @@ Deferred<void> ProcAnchor::handle(const Collective& m) {
   });
   if (gpu) {
     gpu_progress(id);
-  } else if (arena) {
-    run_on_arena(g, rank, op);
-  } else if (m.kind == CollectiveKind::broadcast || m.kind == CollectiveKind::barrier) {
-    pump_peers(g, rank, seq);
   } else {
-    pump(g, rank, seq);
+    advance(g, rank, seq);
   }
   return reply;
+}
+
+void ProcAnchor::set_net_steps(Op& op, const collectives::Stage& stage, size_t chunk_elems) {
+  const collectives::NetPart& part = op.plan.net;
+  size_t members = part.members.size();
+  chunk_elems = std::max<size_t>(1, chunk_elems);
+  auto ring = [&](collectives::RingSchedule s) {
+    // The schedule is over the members and the range: to group ranks, and
+    // to offsets into the whole buffer.
+    s.send_to = part.members[s.send_to];
+    s.recv_from = part.members[s.recv_from];
+    for (auto& step : s.steps) {
+      step.send.offset_elems += part.range.offset_elems;
+      step.recv.offset_elems += part.range.offset_elems;
+    }
+    op.schedule = std::move(s);
+  };
+  switch (stage.kind) {
+    case CollectiveKind::allreduce:
+      ring(collectives::ring_allreduce_schedule(members, part.index, part.range.len_elems, chunk_elems));
+      break;
+    case CollectiveKind::reduce_scatter:
+      ring(collectives::ring_reduce_scatter_schedule(members, part.index, part.range.len_elems, chunk_elems));
+      break;
+    case CollectiveKind::allgather:
+      ring(collectives::ring_allgather_schedule(members, part.index, part.range.len_elems, chunk_elems));
+      break;
+    case CollectiveKind::broadcast:
+      for (auto& s : collectives::tree_broadcast_schedule(members, stage.root, part.index)) {
+        op.peer_steps.push_back(PeerStep{part.members[s.peer], s.op == collectives::TreeOp::send});
+      }
+      break;
+    case CollectiveKind::barrier:
+      for (auto& r : collectives::barrier_schedule(members, part.index)) {
+        op.peer_steps.push_back(PeerStep{part.members[r.send_to], true});
+        op.peer_steps.push_back(PeerStep{part.members[r.recv_from], false});
+      }
+      break;
+  }
+}
+
+bool ProcAnchor::in_net_stage(const Op& op) {
+  return op.stage < op.plan.stages.size() && op.plan.stages[op.stage].where == collectives::StageWhere::net;
+}
+
+void ProcAnchor::advance(Group& g, uint32_t rank, uint64_t seq) {
+  LocalRank& lr = g.ranks[rank];
+  auto it = lr.ops.find(seq);
+  if (it == lr.ops.end()) return;
+  Op& op = it->second;
+  if (op.stage >= op.plan.stages.size()) return finish(g, rank, seq);
+  const collectives::Stage& stage = op.plan.stages[op.stage];
+  if (stage.where == collectives::StageWhere::arena) return run_on_arena(g, rank, op);
+  if (stage.kind == CollectiveKind::broadcast || stage.kind == CollectiveKind::barrier) return pump_peers(g, rank, seq);
+  pump(g, rank, seq);
+}
+
+void ProcAnchor::net_done(Group& g, uint32_t rank, uint64_t seq) {
+  Op& op = g.ranks[rank].ops.at(seq);
+  if (auto avg = op.plan.average) {
+    collectives::finish_avg(op.dtype, op.data + avg->offset_elems * dtype_size(op.dtype), avg->len_elems,
+                            g.spec.size);
+  }
+  ++op.stage;
+  advance(g, rank, seq);
 }
 
 bool ProcAnchor::apply(Group& g, uint32_t rank, Op& op, size_t step, uint32_t from, const std::string& bytes,
@@ -410,9 +475,11 @@ bool ProcAnchor::apply(Group& g, uint32_t rank, Op& op, size_t step, uint32_t fr
   return true;
 }
 
-ProcAnchor::Group::Outbox* ProcAnchor::outbox_for(Group& g, uint32_t rank, size_t bytes) {
+ProcAnchor::Group::Outbox* ProcAnchor::outbox_for(Group& g, uint32_t rank, uint32_t to, size_t bytes) {
   auto out = g.outboxes.find(rank);
-  if (bytes == 0 || out == g.outboxes.end() || bytes > out->second.segment.slot_bytes()) return nullptr;
+  if (bytes == 0 || out == g.outboxes.end() || out->second.owner != to || bytes > out->second.segment.slot_bytes()) {
+    return nullptr;
+  }
   return &out->second;
 }
 
@@ -443,7 +510,7 @@ bool ProcAnchor::reduce_and_send(Group& g, uint32_t rank, Op& op, size_t step, c
     return false;
   }
   size_t width = dtype_size(op.dtype);
-  Group::Outbox* out = outbox_for(g, rank, n * width);
+  Group::Outbox* out = outbox_for(g, rank, static_cast<uint32_t>(op.schedule.send_to), n * width);
   if (out == nullptr) return false;
   TakenSlot to = take_slot(*out);
   if (to.at == nullptr) return false;
@@ -458,6 +525,7 @@ void ProcAnchor::pump(Group& g, uint32_t rank, uint64_t seq) {
   auto it = lr.ops.find(seq);
   if (it == lr.ops.end()) return;
   Op& op = it->second;
+  if (!in_net_stage(op)) return;  // its data waits in `early` until then
   const auto& steps = op.schedule.steps;
   size_t width = dtype_size(op.dtype);
   for (;;) {
@@ -478,7 +546,7 @@ void ProcAnchor::pump(Group& g, uint32_t rank, uint64_t seq) {
       const collectives::RingStep& s = steps[op.next_send];
       const std::byte* src = op.data + s.send.offset_elems * width;
       size_t bytes = s.send.len_elems * width;
-      if (Group::Outbox* out = outbox_for(g, rank, bytes)) {
+      if (Group::Outbox* out = outbox_for(g, rank, static_cast<uint32_t>(op.schedule.send_to), bytes)) {
         TakenSlot to = take_slot(*out);
         if (to.at == nullptr) break;  // goes on when the next rank gives one back (SlotFree)
         std::memcpy(to.at, src, bytes);
@@ -490,7 +558,7 @@ void ProcAnchor::pump(Group& g, uint32_t rank, uint64_t seq) {
     }
     break;
   }
-  if (op.next_recv == steps.size() && op.next_send == steps.size()) finish(g, rank, seq);
+  if (op.next_recv == steps.size() && op.next_send == steps.size()) net_done(g, rank, seq);
 }
 
 void ProcAnchor::pump_peers(Group& g, uint32_t rank, uint64_t seq) {
@@ -498,6 +566,7 @@ void ProcAnchor::pump_peers(Group& g, uint32_t rank, uint64_t seq) {
   auto it = lr.ops.find(seq);
   if (it == lr.ops.end()) return;
   Op& op = it->second;
+  if (!in_net_stage(op)) return;  // its data waits in `early_from` until then
   size_t bytes = op.kind == CollectiveKind::broadcast ? op.count * dtype_size(op.dtype) : 0;
   while (op.next_peer_step < op.peer_steps.size()) {
     const PeerStep& s = op.peer_steps[op.next_peer_step];
@@ -514,7 +583,7 @@ void ProcAnchor::pump_peers(Group& g, uint32_t rank, uint64_t seq) {
     }
     ++op.next_peer_step;
   }
-  finish(g, rank, seq);
+  net_done(g, rank, seq);
 }
 
 void ProcAnchor::finish(Group& g, uint32_t rank, uint64_t seq) {
@@ -522,14 +591,10 @@ void ProcAnchor::finish(Group& g, uint32_t rank, uint64_t seq) {
   auto it = lr.ops.find(seq);
   if (it == lr.ops.end()) return;
   Op& op = it->second;
-  if (op.op == ReduceOp::avg) {
-    if (op.kind == CollectiveKind::allreduce) {
-      collectives::finish_avg(op.dtype, op.data, op.count, g.spec.size);
-    } else if (op.kind == CollectiveKind::reduce_scatter) {
-      auto mine = collectives::ring_segment(op.count, g.spec.size, rank);
-      collectives::finish_avg(op.dtype, op.data + mine.offset_elems * dtype_size(op.dtype), mine.len_elems,
-                              g.spec.size);
-    }
+  if (std::any_of(op.plan.stages.begin(), op.plan.stages.end(),
+                  [](const collectives::Stage& s) { return s.where == collectives::StageWhere::arena; })) {
+    ++g.counters.arena_collectives;
+    if (g.layout.hosts() > 1) ++g.counters.hierarchical_collectives;
   }
   Deferred<void> reply = op.reply;
   lr.ops.erase(it);

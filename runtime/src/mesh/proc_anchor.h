@@ -16,7 +16,9 @@
 
 #include "cluster/protocol.h"
 #include "collectives/arena_runner.h"
+#include "collectives/hierarchy.h"
 #include "collectives/host_arena.h"
+#include "collectives/host_id.h"
 #include "collectives/nccl_comm.h"
 #include "collectives/ring.h"
 #include "collectives/shm_slots.h"
@@ -29,6 +31,11 @@ namespace troupe::mesh {
 
 struct AnchorPid {
   TROUPE_MESSAGE_NAMED(AnchorPid, "troupe.mesh.AnchorPid");
+};
+/// Driver -> engine: which host the process is on, as shared memory sees
+/// it (collectives/host_id.h): how the driver lays a group out over hosts.
+struct AnchorHost {
+  TROUPE_MESSAGE_NAMED(AnchorHost, "troupe.mesh.AnchorHost");
 };
 
 /// The members of one process that a cast is for.
@@ -62,13 +69,15 @@ void fan_out(const std::vector<CastGroup>& groups, size_t from, Send&& send) {
   }
 }
 
-/// Driver -> engine: rank `group.rank` of this process joins the group;
-/// `arena`: its collectives on CPU memory go through the arena the driver
-/// had made (MakeArena) and mapped in every process of the group (OpenArena).
+/// Driver -> engine: rank `group.rank` of this process joins the group.
+/// `hosts`: the host of every rank (collectives/hierarchy.h's GroupLayout),
+/// each host's ranks sharing the arena the driver had made (MakeArena) and
+/// mapped in its processes (OpenArena); empty: no arenas, every CPU
+/// collective a ring or tree over all ranks.
 struct JoinGroup {
   CollectiveGroup group;
-  bool arena = false;
-  TROUPE_MESSAGE_NAMED(JoinGroup, "troupe.mesh.JoinGroup", group, arena);
+  std::vector<uint32_t> hosts;
+  TROUPE_MESSAGE_NAMED(JoinGroup, "troupe.mesh.JoinGroup", group, hosts);
 };
 /// Driver -> every engine of a group: the group is released
 /// (ActorMesh::release_group): fail its collectives in progress, free its
@@ -77,25 +86,25 @@ struct LeaveGroup {
   std::string group;
   TROUPE_MESSAGE_NAMED(LeaveGroup, "troupe.mesh.LeaveGroup", group);
 };
-/// Driver -> the engine of a group's first process, before JoinGroup:
-/// make a host arena for the group (collectives/host_arena.h), answered
-/// with what the others need to map it.
+/// Driver -> the engine of the first process of a group's host, before
+/// JoinGroup: make a host arena for the group's `ranks` ranks on this host
+/// (collectives/host_arena.h), answered with what the others need to map it.
 struct MakeArena {
   std::string group;
   uint32_t ranks = 0;
   uint64_t chunk_bytes = 0;
   TROUPE_MESSAGE_NAMED(MakeArena, "troupe.mesh.MakeArena", group, ranks, chunk_bytes);
 };
-/// Driver -> the engines of the group's other processes: map that arena
-/// (an error when this process cannot: another host, another namespace).
+/// Driver -> the engines of the other processes of that host: map that
+/// arena (an error when this process cannot: another host, another namespace).
 struct OpenArena {
   std::string group;
   uint32_t ranks = 0;
   collectives::SlotsOffer offer;
   TROUPE_MESSAGE_NAMED(OpenArena, "troupe.mesh.OpenArena", group, ranks, offer);
 };
-/// A rank's arena runner -> its engine: collective `seq` of local rank
-/// `rank` ended (code 0: done; otherwise why not).
+/// A rank's arena runner -> its engine: the arena stage of collective `seq`
+/// of rank `rank` ended (code 0: done; otherwise why not).
 struct ArenaDone {
   std::string group;
   uint32_t rank = 0;
@@ -152,8 +161,10 @@ struct GroupCounters {
   uint64_t chunks_in_slots = 0;     // read from shared memory
   uint64_t chunks_in_messages = 0;  // carried in the message (non-empty)
   uint64_t reduced_into_slots = 0;  // reduces written straight on to the next rank (reduce_and_send)
-  uint64_t arena_collectives = 0;   // collectives done through the group's host arena
-  TROUPE_FIELDS(chunks_in_slots, chunks_in_messages, reduced_into_slots, arena_collectives);
+  uint64_t arena_collectives = 0;   // collectives done (at least in part) through a host arena
+  uint64_t hierarchical_collectives = 0;  // of those, ones whose data also went between hosts
+  TROUPE_FIELDS(chunks_in_slots, chunks_in_messages, reduced_into_slots, arena_collectives,
+                hierarchical_collectives);
 };
 
 /// Receiver -> sender (rank `to_rank`): slot `slot` is free again.
@@ -174,12 +185,13 @@ struct GroupBroken {
 };
 
 class ProcAnchor final
-    : public Actor<ProcAnchor, AnchorPid, MeshCast, JoinGroup, Collective, RingChunk, GroupBroken, SlotsOffered,
+    : public Actor<ProcAnchor, AnchorPid, AnchorHost, MeshCast, JoinGroup, Collective, RingChunk, GroupBroken, SlotsOffered,
                    SlotFree, GroupStats, NcclId, MakeArena, OpenArena, ArenaDone, LeaveGroup> {
  public:
   /// `rank`: its place in the mesh, shown in the actor table.
   explicit ProcAnchor(uint64_t rank) { (void)rank; }
   int64_t handle(const AnchorPid&) { return getpid(); }
+  std::string handle(const AnchorHost&) { return collectives::host_id(); }
   void handle(const MeshCast& m);
 
   // Collectives (collective_engine.cc).
@@ -207,8 +219,14 @@ class ProcAnchor final
   struct Op {
     uint64_t seq = 0;  // its key in LocalRank::ops
     CollectiveKind kind = CollectiveKind::allreduce;
-    collectives::RingSchedule schedule;  // ring kinds
-    std::vector<PeerStep> peer_steps;    // tree kinds
+    /// CPU: its stages (in this host's arena, between engines) and where
+    /// it is in them.
+    collectives::CollectivePlan plan;
+    size_t stage = 0;
+    /// The net stage's steps: a ring's (schedule), or a tree's (peer_steps),
+    /// in group ranks and offsets into the whole buffer.
+    collectives::RingSchedule schedule;
+    std::vector<PeerStep> peer_steps;
     size_t next_peer_step = 0;
     std::byte* data = nullptr;
     size_t count = 0;
@@ -238,6 +256,8 @@ class ProcAnchor final
   };
   struct Group {
     CollectiveGroup spec;
+    /// Which ranks share a host and its arena (flat: none do).
+    collectives::GroupLayout layout;
     std::vector<AnyRef> engines;  // by rank
     std::map<uint32_t, LocalRank> ranks;  // the ranks in this process
     Status broken;                // set once a collective cannot complete
@@ -247,13 +267,14 @@ class ProcAnchor final
     /// slots it may write (credits: the receiver gives each back once read).
     std::map<uint32_t, collectives::SlotSegment> inboxes;
     struct Outbox {
+      uint32_t owner = 0;  // the rank whose slots they are: chunks for it only
       collectives::SlotSegment segment;
       std::vector<uint32_t> free;
     };
     std::map<uint32_t, Outbox> outboxes;
     GroupCounters counters;
-    /// The group's host arena, when all its ranks are on this host, and a
-    /// runner per local rank (made on its first collective).
+    /// The arena of this process's host, when the group has other ranks
+    /// there, and a runner per local rank (made on its first arena stage).
     struct Arena {
       std::unique_ptr<collectives::HostArena> arena;
       std::map<uint32_t, std::unique_ptr<collectives::ArenaRunner>> runners;
@@ -277,21 +298,33 @@ class ProcAnchor final
     Gpu gpu;
   };
 
-  /// Sends what the pipeline allows, applies chunks that came early, and
-  /// answers when done.
+  /// Starts the collective's current stage (in the arena, or between the
+  /// engines), or answers it when there are none left.
+  void advance(Group& g, uint32_t rank, uint64_t seq);
+  /// In a ring net stage: sends what the pipeline allows, applies chunks
+  /// that came early, and goes on to the next stage when done.
   void pump(Group& g, uint32_t rank, uint64_t seq);
-  /// The same for broadcast and barrier: sends and receives in schedule order.
+  /// The same for a tree net stage (broadcast, barrier): sends and receives
+  /// in schedule order.
   void pump_peers(Group& g, uint32_t rank, uint64_t seq);
-  /// Answers the collective (after the last step) and forgets it.
+  /// Fills op's schedule (ring kinds) or peer_steps (tree kinds) for its
+  /// plan's net stage, in group ranks and offsets into the whole buffer.
+  static void set_net_steps(Op& op, const collectives::Stage& stage, size_t chunk_elems);
+  /// True while op is in its net stage (its chunks are applied only then).
+  static bool in_net_stage(const Op& op);
+  /// The net stage is done: takes the average its plan asks for, and goes on.
+  void net_done(Group& g, uint32_t rank, uint64_t seq);
+  /// Answers the collective (after its last stage) and forgets it.
   void finish(Group& g, uint32_t rank, uint64_t seq);
   /// Applies step `step`'s data (reduces or copies it in), from the message
   /// or from a slot (which then goes back to its sender). False when the
   /// slot is not one of this rank's (the group is then broken).
   bool apply(Group& g, uint32_t rank, Op& op, size_t step, uint32_t from, const std::string& bytes, uint32_t slot,
              uint64_t slot_bytes);
-  /// The next rank's slots, when a chunk of `bytes` goes through them
-  /// (nullptr: it goes in the message: empty, no slots offered, too big).
-  Group::Outbox* outbox_for(Group& g, uint32_t rank, size_t bytes);
+  /// Rank `to`'s slots, when a chunk of `bytes` from `rank` goes through
+  /// them (nullptr: it goes in the message: empty, no slots offered by `to`,
+  /// too big).
+  Group::Outbox* outbox_for(Group& g, uint32_t rank, uint32_t to, size_t bytes);
   /// A slot taken for a chunk: `number` as RingChunk says it (index + 1),
   /// `at` where to write; at == nullptr when none is free yet.
   struct TakenSlot {
@@ -316,7 +349,7 @@ class ProcAnchor final
   /// communicator, enqueues the ops in order once it is up, and answers
   /// them when the GPU is done, polling every millisecond meanwhile.
   void gpu_progress(const std::string& group);
-  /// Hands collective `seq` of local rank `rank` to its arena runner.
+  /// Hands the current (arena) stage of `op` of rank `rank` to its arena runner.
   void run_on_arena(Group& g, uint32_t rank, const Op& op);
   /// Keeps an arena made or mapped for group `id` until its JoinGroup (a
   /// few at most: a driver that died before it leaves one behind).

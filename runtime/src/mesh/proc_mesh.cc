@@ -178,33 +178,66 @@ std::vector<size_t> view_processes(const MeshMembers& members, const Shape& view
   return processes;
 }
 
-/// Makes the group's host arena in the process of its rank 0 and maps it in
-/// the others: true when every process has it (they are all on one host),
-/// false when one cannot (the group then uses the ring).
-bool set_up_arena(const MeshMembers& members, const Shape& view, const CollectiveGroup& spec,
-                  std::chrono::milliseconds timeout) {
+/// Lays the group out over hosts and makes each host's arena: asks every
+/// process which host it is on (collectives/host_id.h), makes an arena in
+/// the first process of each host with more than one rank and maps it in
+/// that host's other processes. Returns each rank's host number, or nothing
+/// (no arenas: the flat ring) when no host has two ranks or one cannot make
+/// or map its arena.
+std::vector<uint32_t> set_up_arenas(const MeshMembers& members, const Shape& view, const CollectiveGroup& spec,
+                                    std::chrono::milliseconds timeout) {
   std::vector<size_t> processes = view_processes(members, view);
-  auto offer = members.anchors[processes[0]]
-                   .ask<collectives::SlotsOffer>(mesh::MakeArena{spec.id, spec.size, spec.chunk_bytes}, timeout)
-                   .get();
-  if (!offer) {
-    TROUPE_LOG(info, "event=collective_arena_unavailable group={} reason=\"{}\"", spec.id, offer.error().message());
-    return false;
+  std::vector<Future<std::string>> asked;
+  for (size_t p : processes) asked.push_back(members.anchors[p].ask<std::string>(mesh::AnchorHost{}, timeout));
+  std::map<size_t, uint32_t> host_of_process;  // process -> host number
+  std::vector<std::string> host_names;
+  for (size_t k = 0; k < processes.size(); ++k) {
+    auto host = asked[k].get();
+    if (!host) {
+      TROUPE_LOG(info, "event=collective_arena_unavailable group={} reason=\"{}\"", spec.id, host.error().message());
+      return {};
+    }
+    auto known = std::find(host_names.begin(), host_names.end(), *host);
+    host_of_process[processes[k]] = static_cast<uint32_t>(known - host_names.begin());
+    if (known == host_names.end()) host_names.push_back(*host);
+  }
+  std::vector<uint32_t> hosts(view.size());
+  std::vector<uint32_t> ranks_on(host_names.size(), 0);
+  for (size_t i = 0; i < view.size(); ++i) ++ranks_on[hosts[i] = host_of_process[members.process_of[view.rank(i)]]];
+  if (std::all_of(ranks_on.begin(), ranks_on.end(), [](uint32_t n) { return n == 1; })) return {};
+  // One arena per host with two ranks or more, in its first process.
+  std::vector<std::pair<size_t, Future<collectives::SlotsOffer>>> made;  // (host, offer)
+  for (size_t h = 0; h < host_names.size(); ++h) {
+    if (ranks_on[h] < 2) continue;
+    size_t first = *std::find_if(processes.begin(), processes.end(), [&](size_t p) { return host_of_process[p] == h; });
+    made.emplace_back(h, members.anchors[first].ask<collectives::SlotsOffer>(
+                             mesh::MakeArena{spec.id, ranks_on[h], spec.chunk_bytes}, timeout));
   }
   std::vector<Future<void>> opened;
-  for (size_t k = 1; k < processes.size(); ++k) {
-    opened.push_back(
-        members.anchors[processes[k]].ask<void>(mesh::OpenArena{spec.id, spec.size, *offer}, timeout));
-  }
   bool all = true;
+  for (auto& [h, f] : made) {
+    auto offer = f.get();
+    if (!offer) {
+      TROUPE_LOG(info, "event=collective_arena_unavailable group={} reason=\"{}\"", spec.id, offer.error().message());
+      all = false;
+      continue;
+    }
+    bool first = true;
+    for (size_t p : processes) {
+      if (host_of_process[p] != h || std::exchange(first, false)) continue;
+      opened.push_back(members.anchors[p].ask<void>(mesh::OpenArena{spec.id, ranks_on[h], *offer}, timeout));
+    }
+  }
   for (auto& f : opened) {
     if (auto r = f.get(); !r) {
-      // Another host, most likely: not an error, the ring is the way there.
-      TROUPE_LOG(debug, "event=collective_arena_unreachable group={} reason=\"{}\"", spec.id, r.error().message());
+      // Not where its host id says (no access to /proc, say): the ring
+      // still works there.
+      TROUPE_LOG(info, "event=collective_arena_unreachable group={} reason=\"{}\"", spec.id, r.error().message());
       all = false;
     }
   }
-  return all;
+  if (!all) return {};
+  return hosts;
 }
 
 }  // namespace
@@ -230,14 +263,15 @@ Result<std::vector<CollectiveGroup>> detail::make_group(const MeshMembers& membe
     }
     spec.engines.push_back(EngineAt{at->address, at->id});
   }
-  bool arena = options.shared_memory && options.host_arena && spec.size > 1 && set_up_arena(members, view, spec, timeout);
+  std::vector<uint32_t> hosts;
+  if (options.shared_memory && options.host_arena && spec.size > 1) hosts = set_up_arenas(members, view, spec, timeout);
   std::vector<CollectiveGroup> handles;
   std::vector<Future<void>> joined;
   for (size_t i = 0; i < view.size(); ++i) {
     CollectiveGroup h = spec;
     h.rank = static_cast<uint32_t>(i);
     joined.push_back(
-        members.anchors[members.process_of[view.rank(i)]].ask<void>(mesh::JoinGroup{h, arena}, timeout));
+        members.anchors[members.process_of[view.rank(i)]].ask<void>(mesh::JoinGroup{h, hosts}, timeout));
     handles.push_back(std::move(h));
   }
   for (auto& f : joined) {
