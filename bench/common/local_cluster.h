@@ -17,8 +17,11 @@ namespace troupe::bench {
 class LocalCluster {
  public:
   /// `agents` agents "a0".. with `cpus` CPUs each; `transport` "tcp" or "ucx".
+  /// `host_ids`, when given, one per agent: its TROUPE_HOST_ID (agents with
+  /// different ones stand for different hosts: their processes never share
+  /// memory).
   LocalCluster(const std::string& name, const std::string& token, int agents, const std::string& cpus,
-               const std::string& transport = "tcp")
+               const std::string& transport = "tcp", const std::vector<std::string>& host_ids = {})
       : home_(std::filesystem::temp_directory_path() / ("troupe-" + name + "-" + std::to_string(getpid()))) {
     head_ = std::make_unique<test::Daemon>(TROUPE_CLI, home_, token,
                                            std::vector<std::string>{"start", "--head", "--port", "0", "--transport",
@@ -31,7 +34,9 @@ class LocalCluster {
       agents_.push_back(std::make_unique<test::Daemon>(
           TROUPE_CLI, home_, token,
           std::vector<std::string>{"start", "--address", head_->address(), "--node-id", "a" + std::to_string(i),
-                                   "--cpus", cpus}));
+                                   "--cpus", cpus},
+          host_ids.empty() ? std::vector<std::string>{}
+                           : std::vector<std::string>{"env", "TROUPE_HOST_ID=" + host_ids[static_cast<size_t>(i)]}));
       if (!agents_.back()->ok()) {
         error_ = "agent: " + agents_.back()->said();
         return;

@@ -1,7 +1,10 @@
 // CPU allreduce inside an actor mesh, across real processes: a head and 2
 // node agents started with the `troupe` command line, meshes of 4 and 8
 // worker processes (this executable, started by the agents), float32 sum of
-// 1 MiB to 256 MiB. Reported as nccl-tests does: bus bandwidth = algorithm
+// 1 MiB to 256 MiB; then the same over two "hosts" (2 agents with different
+// TROUPE_HOST_ID, whose processes share no memory): hierarchical (each
+// host's arena, rings between the hosts) against the ring over all ranks
+// (BENCH_COLLECTIVES_TWO_HOSTS_ONLY=1 runs only that part). Reported as nccl-tests does: bus bandwidth = algorithm
 // bandwidth (bytes / time) x 2(n-1)/n, against the machine's memcpy
 // bandwidth measured in the same run. Each size runs three times: on a group
 // that goes through its host arena (the default for ranks on one host,
@@ -94,6 +97,81 @@ double memcpy_bandwidth() {
   return best;
 }
 
+/// One way of making the bench's groups: its name in the metrics and its options.
+struct Path {
+  const char* name;
+  troupe::GroupOptions options;
+};
+
+/// What one mesh measured: per path, the 1-float allreduce latencies (us)
+/// and the busbw (bytes/s) of each size; and the do-nothing call's latencies.
+struct Measured {
+  std::vector<double> floor_us;
+  std::vector<std::vector<double>> latency_us;   // by path
+  std::vector<std::vector<double>> busbw_bps;    // by path, by size
+};
+
+/// Runs the allreduces on a mesh of `n` processes spread over `cluster`'s
+/// agents, one group per path (at most 3), into `out`; what failed, or "".
+std::string measure(troupe::ClusterClient& cluster, size_t n, const std::vector<Path>& paths,
+                    const std::vector<size_t>& sizes_mib, bool quick, Measured& out) {
+  auto fail = [](const std::string& why) { return why; };
+  troupe::PlacementGroupSpec spec;
+  spec.strategy = troupe::PlacementStrategy::spread;
+  spec.bundles.assign(n, troupe::Bundle{{{"CPU", 1}}});
+  auto pg = cluster.create_placement_group(spec);
+  if (!pg) return fail(pg.error().to_string());
+  auto procs = troupe::ProcMesh::create(cluster, troupe::Shape::make({{"procs", n}}).value(), *pg);
+  if (!procs) return fail(procs.error().to_string());
+  auto mesh = procs->spawn<Reducer>({});
+  if (!mesh) return fail(mesh.error().to_string());
+  for (uint32_t which = 0; which < paths.size(); ++which) {
+    troupe::GroupOptions options = paths[which].options;
+    options.timeout = std::chrono::minutes(5);
+    if (const char* e = std::getenv("BENCH_COLLECTIVES_CHUNK_KIB")) options.chunk_bytes = std::stoul(e) << 10;
+    auto groups = mesh->make_group(options);
+    if (!groups) return fail(groups.error().to_string());
+    for (size_t i = 0; i < n; ++i) (void)mesh->member(i).ask(SetGroup{(*groups)[i], which}).get();
+  }
+  // Latency: an allreduce of one float, called from the driver like the
+  // rest, against a mesh call that does nothing.
+  int iters = quick ? 50 : 300;
+  for (int i = 0; i < iters; ++i) {
+    auto t0 = Clock::now();
+    if (!mesh->call(Ping{}).ok()) return fail("ping failed");
+    out.floor_us.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count());
+  }
+  for (uint32_t which = 0; which < paths.size(); ++which) {
+    out.latency_us.emplace_back();
+    for (int i = 0; i < iters; ++i) {
+      auto t0 = Clock::now();
+      auto r = mesh->call(Run{1, which}, std::chrono::minutes(1));
+      if (!r.ok()) return fail("allreduce failed: " + r.errors()[0].second.to_string());
+      out.latency_us.back().push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count());
+    }
+  }
+  out.busbw_bps.assign(paths.size(), {});
+  for (size_t mib : sizes_mib) {
+    size_t bytes = mib << 20;
+    for (uint32_t which = 0; which < paths.size(); ++which) {
+      int runs = mib >= 64 ? 3 : quick ? 3 : 10;
+      (void)mesh->call(Run{bytes / 4, which}, std::chrono::minutes(5));  // warm-up: buffers allocated, pages touched
+      std::vector<double> secs;
+      for (int i = 0; i < runs; ++i) {
+        auto t0 = Clock::now();
+        auto r = mesh->call(Run{bytes / 4, which}, std::chrono::minutes(5));
+        if (!r.ok()) return fail("allreduce failed: " + r.errors()[0].second.to_string());
+        secs.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+      }
+      double t = quantile(secs, 0.5);
+      out.busbw_bps[which].push_back(bytes / t * 2.0 * static_cast<double>(n - 1) / static_cast<double>(n));
+    }
+  }
+  (void)procs->stop();
+  (void)cluster.remove_placement_group(*pg);
+  return "";
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -101,96 +179,82 @@ int main(int argc, char** argv) {
   bool quick = troupe::bench::quick(argc, argv);
   const char* transport_env = std::getenv("BENCH_TRANSPORT");
   std::string transport = transport_env ? transport_env : "tcp";
-  const char* only = std::getenv("BENCH_COLLECTIVES_PATH");
   auto fail = [&](const std::string& why) {
     std::fprintf(stderr, "collectives_bench: %s\n", why.c_str());
     return 1;
   };
   double memcpy_bps = memcpy_bandwidth();
-  troupe::bench::LocalCluster local("collectives-bench", kToken, 2, "8", transport);
-  if (!local.error().empty()) return fail(local.error());
   troupe::RuntimeConfig cfg;
   cfg.cluster_token = kToken;
   cfg.log_level = "error";
   cfg.transport = transport;
   cfg.listen = transport + "://127.0.0.1:0";
   troupe::Runtime rt(cfg);
-  auto cluster = troupe::ClusterClient::connect(rt, local.head().address());
-  if (!cluster) return fail(cluster.error().to_string());
 
   std::vector<size_t> sizes_mib = quick ? std::vector<size_t>{1, 16} : std::vector<size_t>{1, 4, 16, 64, 256};
   std::vector<size_t> ns{4, 8};
   if (const char* e = std::getenv("BENCH_COLLECTIVES_MIB")) sizes_mib = {std::stoul(e)};
   if (const char* e = std::getenv("BENCH_COLLECTIVES_N")) ns = {std::stoul(e)};
-  for (size_t n : ns) {
-    troupe::PlacementGroupSpec spec;
-    spec.strategy = troupe::PlacementStrategy::spread;
-    spec.bundles.assign(n, troupe::Bundle{{{"CPU", 1}}});
-    auto pg = cluster->create_placement_group(spec);
-    if (!pg) return fail(pg.error().to_string());
-    auto procs = troupe::ProcMesh::create(*cluster, troupe::Shape::make({{"procs", n}}).value(), *pg);
-    if (!procs) return fail(procs.error().to_string());
-    auto mesh = procs->spawn<Reducer>({});
-    if (!mesh) return fail(mesh.error().to_string());
-    const char* path_names[] = {"arena", "shm", "messages"};
-    for (uint32_t which : {0u, 1u, 2u}) {
-      troupe::GroupOptions options{
-          .timeout = std::chrono::minutes(5), .shared_memory = which != 2, .host_arena = which == 0};
-      if (const char* e = std::getenv("BENCH_COLLECTIVES_CHUNK_KIB")) options.chunk_bytes = std::stoul(e) << 10;
-      auto groups = mesh->make_group(options);
-      if (!groups) return fail(groups.error().to_string());
-      for (size_t i = 0; i < n; ++i) (void)mesh->member(i).ask(SetGroup{(*groups)[i], which}).get();
+  std::vector<Path> paths{{"arena", {}}, {"shm", {.host_arena = false}}, {"messages", {.shared_memory = false}}};
+  if (const char* only = std::getenv("BENCH_COLLECTIVES_PATH")) {
+    std::erase_if(paths, [&](const Path& p) { return std::string(p.name) != only; });
+  }
+  auto emit_latency = [&](const char* what, const std::string& suffix, Measured& m, size_t which) {
+    for (double q : {0.5, 0.99}) {
+      emit(what, std::string(q == 0.5 ? "p50" : "p99") + "_1float" + suffix, quantile(m.latency_us[which], q), "us",
+           "mesh call doing nothing (this run, same quantile)", quantile(m.floor_us, q), "report");
     }
-    // Latency: an allreduce of one float, called from the driver like the
-    // rest, against a mesh call that does nothing.
-    {
-      int iters = quick ? 50 : 300;
-      std::vector<double> floor_us;
-      for (int i = 0; i < iters; ++i) {
-        auto t0 = Clock::now();
-        if (!mesh->call(Ping{}).ok()) return fail("ping failed");
-        floor_us.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count());
-      }
-      for (uint32_t which : {0u, 1u, 2u}) {
-        if (only != nullptr && std::string(only) != path_names[which]) continue;
-        std::vector<double> us;
-        for (int i = 0; i < iters; ++i) {
-          auto t0 = Clock::now();
-          auto r = mesh->call(Run{1, which}, std::chrono::minutes(1));
-          if (!r.ok()) return fail("allreduce failed: " + r.errors()[0].second.to_string());
-          us.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count());
-        }
-        for (double q : {0.5, 0.99}) {
-          std::string metric = std::string(q == 0.5 ? "p50" : "p99") + "_1float_n" + std::to_string(n) + "_" +
-                               transport + "_" + path_names[which];
-          emit("collectives.allreduce_cpu_latency", metric, quantile(us, q), "us",
-               "mesh call doing nothing (this run, same quantile)", quantile(floor_us, q), "report");
+  };
+
+  // One host: 2 agents of this machine.
+  if (std::getenv("BENCH_COLLECTIVES_TWO_HOSTS_ONLY") == nullptr) {
+    troupe::bench::LocalCluster local("collectives-bench", kToken, 2, "8", transport);
+    if (!local.error().empty()) return fail(local.error());
+    auto cluster = troupe::ClusterClient::connect(rt, local.head().address());
+    if (!cluster) return fail(cluster.error().to_string());
+    for (size_t n : ns) {
+      auto m = std::make_unique<Measured>();
+      if (auto why = measure(*cluster, n, paths, sizes_mib, quick, *m); !why.empty()) return fail(why);
+      for (size_t which = 0; which < paths.size(); ++which) {
+        std::string suffix = "_n" + std::to_string(n) + "_" + transport + "_" + paths[which].name;
+        emit_latency("collectives.allreduce_cpu_latency", suffix, *m, which);
+        for (size_t k = 0; k < sizes_mib.size(); ++k) {
+          emit("collectives.allreduce_cpu", "busbw_" + std::to_string(sizes_mib[k]) + "MiB" + suffix,
+               m->busbw_bps[which][k] / 1e9, "GB/s", "memcpy bandwidth of this machine (this run)", memcpy_bps / 1e9,
+               sizes_mib[k] >= 64 && std::string(paths[which].name) == "arena" ? "ratio >= 0.5" : "report");
         }
       }
     }
-    for (size_t mib : sizes_mib) {
-      size_t bytes = mib << 20;
-      for (uint32_t which : {0u, 1u, 2u}) {
-        if (only != nullptr && std::string(only) != path_names[which]) continue;
-        int iters = mib >= 64 ? 3 : quick ? 3 : 10;
-        (void)mesh->call(Run{bytes / 4, which}, std::chrono::minutes(5));  // warm-up: buffers allocated, pages touched
-        std::vector<double> secs;
-        for (int i = 0; i < iters; ++i) {
-          auto t0 = Clock::now();
-          auto r = mesh->call(Run{bytes / 4, which}, std::chrono::minutes(5));
-          if (!r.ok()) return fail("allreduce failed: " + r.errors()[0].second.to_string());
-          secs.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
-        }
-        double t = quantile(secs, 0.5);
-        double busbw = bytes / t * 2.0 * static_cast<double>(n - 1) / static_cast<double>(n);
-        std::string metric = "busbw_" + std::to_string(mib) + "MiB_n" + std::to_string(n) + "_" + transport +
-                             "_" + path_names[which];
-        emit("collectives.allreduce_cpu", metric, busbw / 1e9, "GB/s", "memcpy bandwidth of this machine (this run)",
-             memcpy_bps / 1e9, mib >= 64 && which == 0 ? "ratio >= 0.5" : "report");
+  }
+
+  // Two hosts: agents with different host ids, whose processes share no
+  // memory (as on two machines; the link between them is this machine's
+  // loopback). The default group goes through each host's arena and rings
+  // between the hosts; against the ring over all ranks (shared-memory slots
+  // within a host, messages between), what a group spread over hosts did
+  // before it had arenas.
+  {
+    troupe::bench::LocalCluster local("collectives-bench-2h", kToken, 2, "8", transport, {"host-a", "host-b"});
+    if (!local.error().empty()) return fail(local.error());
+    auto cluster = troupe::ClusterClient::connect(rt, local.head().address());
+    if (!cluster) return fail(cluster.error().to_string());
+    std::vector<Path> two_host_paths{{"hierarchical", {}}, {"ring", {.host_arena = false}}};
+    std::vector<size_t> two_host_sizes = quick ? std::vector<size_t>{16} : std::vector<size_t>{16, 64, 256};
+    if (const char* e = std::getenv("BENCH_COLLECTIVES_MIB")) two_host_sizes = {std::stoul(e)};
+    for (size_t n : ns) {
+      auto m = std::make_unique<Measured>();
+      if (auto why = measure(*cluster, n, two_host_paths, two_host_sizes, quick, *m); !why.empty()) return fail(why);
+      std::string suffix = "_n" + std::to_string(n) + "_2hosts_" + transport;
+      emit_latency("collectives.allreduce_cpu_latency", suffix + "_hierarchical", *m, 0);
+      emit_latency("collectives.allreduce_cpu_latency", suffix + "_ring", *m, 1);
+      for (size_t k = 0; k < two_host_sizes.size(); ++k) {
+        std::string size = "busbw_" + std::to_string(two_host_sizes[k]) + "MiB";
+        emit("collectives.allreduce_cpu", size + suffix + "_hierarchical", m->busbw_bps[0][k] / 1e9, "GB/s",
+             "ring over all ranks, same hosts (this run)", m->busbw_bps[1][k] / 1e9, "report");
+        emit("collectives.allreduce_cpu", size + suffix + "_ring", m->busbw_bps[1][k] / 1e9, "GB/s",
+             "memcpy bandwidth of this machine (this run)", memcpy_bps / 1e9, "report");
       }
     }
-    (void)procs->stop();
-    (void)cluster->remove_placement_group(*pg);
   }
   return 0;
 }
