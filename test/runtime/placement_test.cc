@@ -2,6 +2,7 @@
 // strategies, atomic reservation, label selectors, same-label groups, node
 // loss and rescheduling, and the reasons a group waits.
 #include <algorithm>
+#include <map>
 #include <set>
 
 #include <catch2/catch.hpp>
@@ -110,6 +111,33 @@ TEST_CASE("placement: SPREAD uses distinct nodes where it can and shares where i
   auto three = l.place("b", group(PlacementStrategy::spread, 3, {{"CPU", 1}}));
   REQUIRE(three.placed);
   CHECK(distinct(three.nodes) == 2);
+}
+
+TEST_CASE("placement: SPREAD with more bundles than nodes puts them as evenly as the nodes' room allows",
+          "[placement]") {
+  auto per_node = [](const std::vector<NodeIndex>& nodes) {
+    std::map<NodeIndex, size_t> n;
+    for (NodeIndex node : nodes) ++n[node];
+    std::vector<size_t> counts;
+    for (auto [node, k] : n) counts.push_back(k);
+    std::sort(counts.begin(), counts.end());
+    return counts;
+  };
+  Ledger two = cluster(2, 8);
+  auto eight = two.place("a", group(PlacementStrategy::spread, 8, {{"CPU", 1}}));
+  REQUIRE(eight.placed);
+  CHECK(per_node(eight.nodes) == std::vector<size_t>{4, 4});
+  Ledger three = cluster(3, 8);
+  auto seven = three.place("b", group(PlacementStrategy::spread, 7, {{"CPU", 1}}));
+  REQUIRE(seven.placed);
+  CHECK(per_node(seven.nodes) == std::vector<size_t>{2, 2, 3});
+  // Where the even split does not fit, the rest goes where there is room.
+  Ledger uneven;
+  uneven.add_node("small", {{"CPU", 1}}, {});
+  uneven.add_node("big", {{"CPU", 8}}, {});
+  auto five = uneven.place("c", group(PlacementStrategy::spread, 5, {{"CPU", 1}}));
+  REQUIRE(five.placed);
+  CHECK(per_node(five.nodes) == std::vector<size_t>{1, 4});
 }
 
 TEST_CASE("placement: a group waits for free resources, and is placed once another is released", "[placement]") {

@@ -1,13 +1,18 @@
 // Shared-memory slot segments (runtime/src/collectives/shm_slots.h): what a
 // receiver offers, another process maps; bytes written on one side are read
 // on the other; offers that name something else are refused, not mapped.
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <string>
 
 #include <catch2/catch.hpp>
 
+#include "collectives/host_id.h"
 #include "collectives/shm_slots.h"
 
 using troupe::ErrorCode;
@@ -95,4 +100,21 @@ TEST_CASE("shm slots: the memory outlives the receiver's handle while a sender m
   std::memcpy(inbox->slot(0), "kept", 5);
   *inbox = SlotSegment();  // the receiver goes (its process dying does the same)
   CHECK(std::string(reinterpret_cast<const char*>(outbox->slot(0))) == "kept");
+}
+
+TEST_CASE("host id: the boot id and the pid namespace, unless TROUPE_HOST_ID names one, and offers carry it",
+          "[collectives][shm]") {
+  const std::string& id = troupe::collectives::host_id();
+  if (const char* set = std::getenv("TROUPE_HOST_ID"); set != nullptr && *set != '\0') {
+    CHECK(id == set);
+  } else {
+    std::string boot;
+    std::ifstream("/proc/sys/kernel/random/boot_id") >> boot;
+    struct stat ns {};
+    REQUIRE(::stat("/proc/self/ns/pid", &ns) == 0);
+    CHECK(id == boot + "/pidns:" + std::to_string(ns.st_ino));
+  }
+  auto inbox = SlotSegment::create(1, 4096);
+  REQUIRE(inbox.has_value());
+  CHECK(inbox->offer().host == id);
 }

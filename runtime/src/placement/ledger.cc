@@ -425,9 +425,25 @@ bool Ledger::assign_within(Group& g, const std::vector<size_t>& todo, const std:
       }
       if (unplaced.empty()) break;
       if (strategy == PlacementStrategy::spread) {
-        // Best effort: share nodes where no fresh one has room.
+        // Best effort: share nodes where no fresh one has room, each bundle
+        // on the node with room that holds fewest of the group's (Ray's
+        // "as even as possible": 8 bundles on 2 nodes are 4 + 4, not 7 + 1).
+        auto least_loaded_fit = [&](size_t b) {
+          NodeIndex pick = kNoNode;
+          size_t fewest = SIZE_MAX;
+          for (size_t k = 0; k < n; ++k) {
+            auto node = static_cast<NodeIndex>((cursor_ + k) % n);
+            if (!eligible(node, b) || !fits_now(node, b)) continue;
+            auto held = static_cast<size_t>(std::count(g.nodes.begin(), g.nodes.end(), node));
+            if (held < fewest) {
+              fewest = held;
+              pick = node;
+            }
+          }
+          return pick;
+        };
         for (size_t b : unplaced) {
-          NodeIndex pick = next_fit(b, false);
+          NodeIndex pick = least_loaded_fit(b);
           if (pick == kNoNode) {
             ok = false;
             *reason = no_room(b);
