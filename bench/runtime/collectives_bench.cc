@@ -111,14 +111,15 @@ struct Measured {
   std::vector<std::vector<double>> busbw_bps;    // by path, by size
 };
 
-/// Runs the allreduces on a mesh of `n` processes spread over `cluster`'s
-/// agents, one group per path (at most 3), into `out`; what failed, or "".
-std::string measure(troupe::ClusterClient& cluster, size_t n, const std::vector<Path>& paths,
-                    const std::vector<size_t>& sizes_mib, bool quick, Measured& out) {
+/// Runs the allreduces on a mesh of `n` processes of `cluster`, one per
+/// bundle of `bundle_cpus` CPUs placed by `strategy`, one group per path (at
+/// most 3), into `out`; what failed, or "".
+std::string measure(troupe::ClusterClient& cluster, size_t n, troupe::PlacementStrategy strategy, double bundle_cpus,
+                    const std::vector<Path>& paths, const std::vector<size_t>& sizes_mib, bool quick, Measured& out) {
   auto fail = [](const std::string& why) { return why; };
   troupe::PlacementGroupSpec spec;
-  spec.strategy = troupe::PlacementStrategy::spread;
-  spec.bundles.assign(n, troupe::Bundle{{{"CPU", 1}}});
+  spec.strategy = strategy;
+  spec.bundles.assign(n, troupe::Bundle{{{"CPU", bundle_cpus}}});
   auto pg = cluster.create_placement_group(spec);
   if (!pg) return fail(pg.error().to_string());
   auto procs = troupe::ProcMesh::create(cluster, troupe::Shape::make({{"procs", n}}).value(), *pg);
@@ -214,7 +215,7 @@ int main(int argc, char** argv) {
     if (!cluster) return fail(cluster.error().to_string());
     for (size_t n : ns) {
       auto m = std::make_unique<Measured>();
-      if (auto why = measure(*cluster, n, paths, sizes_mib, quick, *m); !why.empty()) return fail(why);
+      if (auto why = measure(*cluster, n, troupe::PlacementStrategy::spread, 1, paths, sizes_mib, quick, *m); !why.empty()) return fail(why);
       for (size_t which = 0; which < paths.size(); ++which) {
         std::string suffix = "_n" + std::to_string(n) + "_" + transport + "_" + paths[which].name;
         emit_latency("collectives.allreduce_cpu_latency", suffix, *m, which);
@@ -229,7 +230,9 @@ int main(int argc, char** argv) {
 
   // Two hosts: agents with different host ids, whose processes share no
   // memory (as on two machines; the link between them is this machine's
-  // loopback). The default group goes through each host's arena and rings
+  // loopback). Half the ranks on each, in rank order (PACK of bundles half
+  // an agent's 8 CPUs each over two: ranks 0..n/2-1 on the first host), as
+  // launchers lay ranks out. The default group goes through each host's arena and rings
   // between the hosts; against the ring over all ranks (shared-memory slots
   // within a host, messages between), what a group spread over hosts did
   // before it had arenas.
@@ -243,7 +246,8 @@ int main(int argc, char** argv) {
     if (const char* e = std::getenv("BENCH_COLLECTIVES_MIB")) two_host_sizes = {std::stoul(e)};
     for (size_t n : ns) {
       auto m = std::make_unique<Measured>();
-      if (auto why = measure(*cluster, n, two_host_paths, two_host_sizes, quick, *m); !why.empty()) return fail(why);
+      if (auto why = measure(*cluster, n, troupe::PlacementStrategy::pack, 16.0 / static_cast<double>(n), two_host_paths,
+                              two_host_sizes, quick, *m); !why.empty()) return fail(why);
       std::string suffix = "_n" + std::to_string(n) + "_2hosts_" + transport;
       emit_latency("collectives.allreduce_cpu_latency", suffix + "_hierarchical", *m, 0);
       emit_latency("collectives.allreduce_cpu_latency", suffix + "_ring", *m, 1);

@@ -113,12 +113,12 @@ struct LocalCluster {
 };
 
 /// A {hosts: 2, procs: 4} proc mesh of 8 worker processes over two 2-CPU
-/// agents (a PACK group of 8 half-CPU bundles: 4 per agent); or over one
-/// agent per given host id, SPREAD.
+/// agents (a PACK group of 8 half-CPU bundles: 4 per agent, ranks 0-3 on
+/// one); or over one agent per given host id, placed by `strategy`.
 struct EightProcessMesh {
   EightProcessMesh() : local(2) {}
-  explicit EightProcessMesh(const std::vector<std::string>& host_ids)
-      : local(host_ids), strategy(troupe::PlacementStrategy::spread) {}
+  EightProcessMesh(const std::vector<std::string>& host_ids, troupe::PlacementStrategy strategy)
+      : local(host_ids), strategy(strategy) {}
 
   LocalCluster local;
   troupe::PlacementStrategy strategy = troupe::PlacementStrategy::pack;
