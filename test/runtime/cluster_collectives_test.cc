@@ -57,7 +57,8 @@ struct MyHost {
 };
 /// How the chunks of the member's group came to its process: {in slots, in
 /// messages, reduced straight into the next rank's slot, collectives done
-/// through a host arena, of those the ones that also went between hosts}.
+/// through a host arena, of those the ones that also went between hosts,
+/// bytes received in messages}.
 struct ChunkCounts {
   TROUPE_MESSAGE_NAMED(ChunkCounts, "test.coll.ChunkCounts");
 };
@@ -86,7 +87,8 @@ class Reducer : public troupe::Actor<Reducer, SetGroup, RunAllReduce, MyPid, MyH
         .then([reply](troupe::Result<troupe::mesh::GroupCounters> r) mutable {
           if (!r) return reply.fail(r.error());
           reply.complete(std::vector<uint64_t>{r->chunks_in_slots, r->chunks_in_messages, r->reduced_into_slots,
-                                               r->arena_collectives, r->hierarchical_collectives});
+                                               r->arena_collectives, r->hierarchical_collectives,
+                                               r->bytes_in_messages});
         });
     return reply;
   }
@@ -280,6 +282,36 @@ TEST_CASE("collectives: a group over two hosts reduces in each host's arena and 
     fed_by_a_neighbour += same_host_before;
   }
   CHECK(fed_by_a_neighbour == 6);
+
+  // What crosses between the hosts for an allreduce of S = 320,000 bytes a
+  // rank: 2S in all (each rank's two-rank ring moves S/4 its way), against
+  // 3.5S for the ring over all ranks (its two edges between the hosts carry
+  // 2 x 7/8 S each), the rest of the ring's data in shared memory. Every
+  // rank's link carries its share: S/4 each, not S through the leaders.
+  // (The second allreduce of a new group: the ring's slots are mapped by then.)
+  auto bytes_between_hosts = [&](const troupe::GroupOptions& options) {
+    c.give_groups(c.mesh, options);
+    auto received = [&] {
+      auto counts = c.mesh.call(ChunkCounts{});
+      REQUIRE(counts.ok());
+      std::vector<uint64_t> bytes;
+      for (size_t m = 0; m < 8; ++m) bytes.push_back((*counts[m])[5]);
+      return bytes;
+    };
+    std::vector<uint64_t> before;
+    for (int round = 0; round < 2; ++round) {
+      before = received();
+      auto r = c.mesh.call(RunAllReduce{80'000, static_cast<uint8_t>(DType::float32), static_cast<uint8_t>(ReduceOp::sum)});
+      REQUIRE(r.ok());
+      for (size_t i = 0; i < 80'000; i += 997) CHECK((*r[6])[i] == expected(DType::float32, ReduceOp::sum, 8, i));
+    }
+    std::vector<uint64_t> after = received();
+    for (size_t m = 0; m < 8; ++m) after[m] -= before[m];
+    return after;
+  };
+  CHECK(bytes_between_hosts(troupe::GroupOptions{}) == std::vector<uint64_t>(8, 320'000 / 4));
+  CHECK(bytes_between_hosts(troupe::GroupOptions{.host_arena = false}) ==
+        std::vector<uint64_t>{560'000, 0, 0, 0, 560'000, 0, 0, 0});
 }
 
 TEST_CASE("collectives: a group over hosts with different numbers of ranks reduces through the hosts' leaders",

@@ -465,6 +465,7 @@ bool ProcAnchor::apply(Group& g, uint32_t rank, Op& op, size_t step, uint32_t fr
     ++g.counters.chunks_in_slots;
   } else if (have > 0) {
     ++g.counters.chunks_in_messages;
+    g.counters.bytes_in_messages += have;
   }
   if (s.recv_mode == collectives::RecvMode::reduce) {
     if (!reduce_and_send(g, rank, op, step, src, n)) collectives::reduce_into(op.dtype, op.op, at, src, n);
@@ -579,6 +580,7 @@ void ProcAnchor::pump_peers(Group& g, uint32_t rank, uint64_t seq) {
       if (got == lr.early_from.end()) return;  // its data has not come yet
       if (!agrees(g, op, got->second.signature, got->second.from)) return;
       std::memcpy(op.data, got->second.bytes.data(), std::min(bytes, got->second.bytes.size()));
+      g.counters.bytes_in_messages += got->second.bytes.size();
       lr.early_from.erase(got);
     }
     ++op.next_peer_step;

@@ -163,8 +163,9 @@ struct GroupCounters {
   uint64_t reduced_into_slots = 0;  // reduces written straight on to the next rank (reduce_and_send)
   uint64_t arena_collectives = 0;   // collectives done (at least in part) through a host arena
   uint64_t hierarchical_collectives = 0;  // of those, ones whose data also went between hosts
+  uint64_t bytes_in_messages = 0;   // data received in messages (between hosts, or without shared memory)
   TROUPE_FIELDS(chunks_in_slots, chunks_in_messages, reduced_into_slots, arena_collectives,
-                hierarchical_collectives);
+                hierarchical_collectives, bytes_in_messages);
 };
 
 /// Receiver -> sender (rank `to_rank`): slot `slot` is free again.
