@@ -4,7 +4,8 @@
 // 1 MiB to 256 MiB; then the same over two "hosts" (2 agents with different
 // TROUPE_HOST_ID, whose processes share no memory): hierarchical (each
 // host's arena, rings between the hosts) against the ring over all ranks
-// (BENCH_COLLECTIVES_TWO_HOSTS_ONLY=1 runs only that part). Reported as nccl-tests does: bus bandwidth = algorithm
+// (BENCH_COLLECTIVES_TWO_HOSTS_ONLY=1 runs only that part), and there
+// reduce_scatter and allgather too (by columns against the flat ring). Reported as nccl-tests does: bus bandwidth = algorithm
 // bandwidth (bytes / time) x 2(n-1)/n, against the machine's memcpy
 // bandwidth measured in the same run. Each size runs three times: on a group
 // that goes through its host arena (the default for ranks on one host,
@@ -52,7 +53,8 @@ struct SetGroup {
 struct Run {
   uint64_t count = 0;
   uint32_t which = 0;
-  TROUPE_MESSAGE_NAMED(Run, "bench.coll.Run", count, which);
+  uint8_t kind = 0;  // troupe::CollectiveKind
+  TROUPE_MESSAGE_NAMED(Run, "bench.coll.Run", count, which, kind);
 };
 /// Answered at once: a mesh call's round trip, the floor of a small
 /// collective's latency.
@@ -60,7 +62,8 @@ struct Ping {
   TROUPE_MESSAGE_NAMED(Ping, "bench.coll.Ping");
 };
 
-/// A member: keeps a buffer of the size asked for and allreduces it.
+/// A member: keeps a buffer of the size asked for and runs the collective
+/// asked for on it (a float32 sum).
 class Reducer : public troupe::Actor<Reducer, SetGroup, Run, Ping> {
  public:
   void handle(const Ping&) {}
@@ -70,8 +73,8 @@ class Reducer : public troupe::Actor<Reducer, SetGroup, Run, Ping> {
     if (buf_.size() != m.count) buf_.assign(m.count, 1.0f);
     const troupe::CollectiveGroup& group = groups_[m.which % 3];
     ask<void>(group.engine(self()),
-              troupe::AllReduce{group.id, group.rank, buf_.data(), buf_.size(), troupe::DType::float32,
-                                troupe::ReduceOp::sum},
+              troupe::Collective{group.id, group.rank, buf_.data(), buf_.size(), troupe::DType::float32,
+                                 troupe::ReduceOp::sum, static_cast<troupe::CollectiveKind>(m.kind), 0},
               std::chrono::minutes(5))
         .then([reply](troupe::Result<void> r) mutable { r ? reply.complete() : reply.fail(r.error()); });
     return reply;
@@ -104,18 +107,28 @@ struct Path {
 };
 
 /// What one mesh measured: per path, the 1-float allreduce latencies (us)
-/// and the busbw (bytes/s) of each size; and the do-nothing call's latencies.
+/// and the busbw (bytes/s) of each kind and size; and the do-nothing
+/// call's latencies.
 struct Measured {
   std::vector<double> floor_us;
   std::vector<std::vector<double>> latency_us;   // by path
-  std::vector<std::vector<double>> busbw_bps;    // by path, by size
+  std::vector<std::vector<double>> busbw_bps;    // by path, by kind then size (kind k, size s at k * sizes + s)
 };
 
-/// Runs the allreduces on a mesh of `n` processes of `cluster`, one per
-/// bundle of `bundle_cpus` CPUs placed by `strategy`, one group per path (at
-/// most 3), into `out`; what failed, or "".
+/// nccl-tests' bus bandwidth factor of a collective over n ranks: the
+/// fraction of the buffer each rank's link must carry, per the
+/// bandwidth-optimal algorithm.
+double bus_factor(troupe::CollectiveKind kind, size_t n) {
+  double f = static_cast<double>(n - 1) / static_cast<double>(n);
+  return kind == troupe::CollectiveKind::allreduce ? 2 * f : f;
+}
+
+/// Runs the collectives (`kinds`, float32 sum) on a mesh of `n` processes
+/// of `cluster`, one per bundle of `bundle_cpus` CPUs placed by `strategy`,
+/// one group per path (at most 3), into `out`; what failed, or "".
 std::string measure(troupe::ClusterClient& cluster, size_t n, troupe::PlacementStrategy strategy, double bundle_cpus,
-                    const std::vector<Path>& paths, const std::vector<size_t>& sizes_mib, bool quick, Measured& out) {
+                    const std::vector<Path>& paths, const std::vector<troupe::CollectiveKind>& kinds,
+                    const std::vector<size_t>& sizes_mib, bool quick, Measured& out) {
   auto fail = [](const std::string& why) { return why; };
   troupe::PlacementGroupSpec spec;
   spec.strategy = strategy;
@@ -152,20 +165,23 @@ std::string measure(troupe::ClusterClient& cluster, size_t n, troupe::PlacementS
     }
   }
   out.busbw_bps.assign(paths.size(), {});
-  for (size_t mib : sizes_mib) {
-    size_t bytes = mib << 20;
-    for (uint32_t which = 0; which < paths.size(); ++which) {
-      int runs = mib >= 64 ? 3 : quick ? 3 : 10;
-      (void)mesh->call(Run{bytes / 4, which}, std::chrono::minutes(5));  // warm-up: buffers allocated, pages touched
-      std::vector<double> secs;
-      for (int i = 0; i < runs; ++i) {
-        auto t0 = Clock::now();
-        auto r = mesh->call(Run{bytes / 4, which}, std::chrono::minutes(5));
-        if (!r.ok()) return fail("allreduce failed: " + r.errors()[0].second.to_string());
-        secs.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+  for (troupe::CollectiveKind kind : kinds) {
+    auto k = static_cast<uint8_t>(kind);
+    for (size_t mib : sizes_mib) {
+      size_t bytes = mib << 20;
+      for (uint32_t which = 0; which < paths.size(); ++which) {
+        int runs = mib >= 64 ? 3 : quick ? 3 : 10;
+        (void)mesh->call(Run{bytes / 4, which, k}, std::chrono::minutes(5));  // warm-up: buffers allocated, pages touched
+        std::vector<double> secs;
+        for (int i = 0; i < runs; ++i) {
+          auto t0 = Clock::now();
+          auto r = mesh->call(Run{bytes / 4, which, k}, std::chrono::minutes(5));
+          if (!r.ok()) return fail(std::string(troupe::kind_name(kind)) + " failed: " + r.errors()[0].second.to_string());
+          secs.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+        }
+        double t = quantile(secs, 0.5);
+        out.busbw_bps[which].push_back(bytes / t * bus_factor(kind, n));
       }
-      double t = quantile(secs, 0.5);
-      out.busbw_bps[which].push_back(bytes / t * 2.0 * static_cast<double>(n - 1) / static_cast<double>(n));
     }
   }
   (void)procs->stop();
@@ -215,7 +231,11 @@ int main(int argc, char** argv) {
     if (!cluster) return fail(cluster.error().to_string());
     for (size_t n : ns) {
       auto m = std::make_unique<Measured>();
-      if (auto why = measure(*cluster, n, troupe::PlacementStrategy::spread, 1, paths, sizes_mib, quick, *m); !why.empty()) return fail(why);
+      if (auto why = measure(*cluster, n, troupe::PlacementStrategy::spread, 1, paths, {troupe::CollectiveKind::allreduce},
+                             sizes_mib, quick, *m);
+          !why.empty()) {
+        return fail(why);
+      }
       for (size_t which = 0; which < paths.size(); ++which) {
         std::string suffix = "_n" + std::to_string(n) + "_" + transport + "_" + paths[which].name;
         emit_latency("collectives.allreduce_cpu_latency", suffix, *m, which);
@@ -244,19 +264,29 @@ int main(int argc, char** argv) {
     std::vector<Path> two_host_paths{{"hierarchical", {}}, {"ring", {.host_arena = false}}};
     std::vector<size_t> two_host_sizes = quick ? std::vector<size_t>{16} : std::vector<size_t>{16, 64, 256};
     if (const char* e = std::getenv("BENCH_COLLECTIVES_MIB")) two_host_sizes = {std::stoul(e)};
+    const std::vector<troupe::CollectiveKind> kinds{troupe::CollectiveKind::allreduce,
+                                                    troupe::CollectiveKind::reduce_scatter,
+                                                    troupe::CollectiveKind::allgather};
     for (size_t n : ns) {
       auto m = std::make_unique<Measured>();
       if (auto why = measure(*cluster, n, troupe::PlacementStrategy::pack, 16.0 / static_cast<double>(n), two_host_paths,
-                              two_host_sizes, quick, *m); !why.empty()) return fail(why);
+                             kinds, two_host_sizes, quick, *m);
+          !why.empty()) {
+        return fail(why);
+      }
       std::string suffix = "_n" + std::to_string(n) + "_2hosts_" + transport;
       emit_latency("collectives.allreduce_cpu_latency", suffix + "_hierarchical", *m, 0);
       emit_latency("collectives.allreduce_cpu_latency", suffix + "_ring", *m, 1);
-      for (size_t k = 0; k < two_host_sizes.size(); ++k) {
-        std::string size = "busbw_" + std::to_string(two_host_sizes[k]) + "MiB";
-        emit("collectives.allreduce_cpu", size + suffix + "_hierarchical", m->busbw_bps[0][k] / 1e9, "GB/s",
-             "ring over all ranks, same hosts (this run)", m->busbw_bps[1][k] / 1e9, "report");
-        emit("collectives.allreduce_cpu", size + suffix + "_ring", m->busbw_bps[1][k] / 1e9, "GB/s",
-             "memcpy bandwidth of this machine (this run)", memcpy_bps / 1e9, "report");
+      for (size_t kind = 0; kind < kinds.size(); ++kind) {
+        std::string metric = "collectives." + std::string(troupe::kind_name(kinds[kind])) + "_cpu";
+        for (size_t k = 0; k < two_host_sizes.size(); ++k) {
+          size_t at = kind * two_host_sizes.size() + k;
+          std::string size = "busbw_" + std::to_string(two_host_sizes[k]) + "MiB";
+          emit(metric, size + suffix + "_hierarchical", m->busbw_bps[0][at] / 1e9, "GB/s",
+               "ring over all ranks, same hosts (this run)", m->busbw_bps[1][at] / 1e9, "report");
+          emit(metric, size + suffix + "_ring", m->busbw_bps[1][at] / 1e9, "GB/s",
+               "memcpy bandwidth of this machine (this run)", memcpy_bps / 1e9, "report");
+        }
       }
     }
   }

@@ -48,6 +48,15 @@ struct RunAllReduce {
   uint64_t odd_count = 0;
   TROUPE_MESSAGE_NAMED(RunAllReduce, "test.coll.RunAllReduce", count, dtype, op, kind, root, odd_rank, odd_count);
 };
+/// Starts `copies` collectives at once on separate buffers of `count`
+/// floats (allreduce sums and allgathers, alternating; copy k's values
+/// offset by 1000 k) and answers, once all are done, how many elements of
+/// each came out wrong.
+struct RunAtOnce {
+  uint64_t count = 0;
+  uint32_t copies = 0;
+  TROUPE_MESSAGE_NAMED(RunAtOnce, "test.coll.RunAtOnce", count, copies);
+};
 struct MyPid {
   TROUPE_MESSAGE_NAMED(MyPid, "test.coll.MyPid");
 };
@@ -76,7 +85,9 @@ uint32_t owner_of(size_t i, size_t count, uint32_t ranks) {
 
 double pattern(uint32_t rank, size_t i) { return static_cast<double>((rank + 1) * 3 + static_cast<int>(i % 11)) * 0.5; }
 
-class Reducer : public troupe::Actor<Reducer, SetGroup, RunAllReduce, MyPid, MyHost, ChunkCounts> {
+double expected(DType dtype, ReduceOp op, uint32_t ranks, size_t i);
+
+class Reducer : public troupe::Actor<Reducer, SetGroup, RunAllReduce, RunAtOnce, MyPid, MyHost, ChunkCounts> {
  public:
   void handle(const SetGroup& m) { group_ = m.group; }
   int64_t handle(const MyPid&) { return getpid(); }
@@ -90,6 +101,41 @@ class Reducer : public troupe::Actor<Reducer, SetGroup, RunAllReduce, MyPid, MyH
                                                r->arena_collectives, r->hierarchical_collectives,
                                                r->bytes_in_messages});
         });
+    return reply;
+  }
+
+  troupe::Deferred<std::vector<uint64_t>> handle(const RunAtOnce& m) {
+    auto reply = defer<std::vector<uint64_t>>();
+    auto bufs = std::make_shared<std::vector<std::vector<float>>>(m.copies);
+    auto wrong = std::make_shared<std::vector<uint64_t>>(m.copies, 0);
+    auto left = std::make_shared<uint32_t>(m.copies);
+    auto failed = std::make_shared<troupe::Status>();
+    uint32_t n = group_.size, me = group_.rank;
+    size_t count = m.count;
+    for (uint32_t k = 0; k < m.copies; ++k) {
+      bool gather = k % 2 == 1;
+      auto& buf = (*bufs)[k];
+      buf.assign(count, 0.0f);
+      for (size_t i = 0; i < count; ++i) {
+        if (!gather || owner_of(i, count, n) == me) buf[i] = static_cast<float>(pattern(me, i) + 1000.0 * k);
+      }
+      ask<void>(group_.engine(self()),
+                troupe::Collective{group_.id, me, buf.data(), count, DType::float32, ReduceOp::sum,
+                                   gather ? troupe::CollectiveKind::allgather : troupe::CollectiveKind::allreduce, 0},
+                60s)
+          .then([reply, bufs, wrong, left, failed, k, gather, n, count](troupe::Result<void> r) mutable {
+            if (!r && failed->ok()) *failed = r.error();
+            if (r) {
+              for (size_t i = 0; i < count; ++i) {
+                double want = gather ? pattern(owner_of(i, count, n), i) + 1000.0 * k
+                                     : expected(DType::float32, ReduceOp::sum, n, i) + 1000.0 * k * n;
+                (*wrong)[k] += (*bufs)[k][i] != static_cast<float>(want);
+              }
+            }
+            if (--*left > 0) return;
+            failed->ok() ? reply.complete(*wrong) : reply.fail(*failed);
+          });
+    }
     return reply;
   }
 
@@ -263,33 +309,37 @@ TEST_CASE("collectives: a group over two hosts reduces in each host's arena and 
   REQUIRE(counts.ok());
   for (size_t m = 0; m < 8; ++m) {
     INFO("member " << m);
-    // allreduce (6), reduce_scatter (2), broadcast (2), barrier (1) went
-    // through the arenas and between the hosts; allgather (2) is a flat ring.
-    CHECK((*counts[m])[3] == 11);
-    CHECK((*counts[m])[4] == 11);
+    // allreduce (6), reduce_scatter (2), allgather (2), broadcast (2) and
+    // barrier (1) all went through the arenas and between the hosts.
+    CHECK((*counts[m])[3] == 13);
+    CHECK((*counts[m])[4] == 13);
     // Every rank's column ring crosses to the other host: by message.
     CHECK((*counts[m])[1] > 0);
   }
-  // The flat ring (allgather) moves chunks through shared memory exactly
-  // from a neighbour on the same host (all but ranks 0 and 4), never
-  // between the hosts.
-  size_t fed_by_a_neighbour = 0;
-  for (size_t m = 0; m < 8; ++m) {
-    bool same_host_before = c.mesh.member(m).ask(MyHost{}).get().value() ==
-                            c.mesh.member((m + 7) % 8).ask(MyHost{}).get().value();
-    INFO("member " << m << (same_host_before ? ", the rank before it on its host" : ", the rank before it elsewhere"));
-    CHECK(((*counts[m])[0] > 0) == same_host_before);
-    fed_by_a_neighbour += same_host_before;
-  }
-  CHECK(fed_by_a_neighbour == 6);
 
-  // What crosses between the hosts for an allreduce of S = 320,000 bytes a
-  // rank: 2S in all (each rank's two-rank ring moves S/4 its way), against
-  // 3.5S for the ring over all ranks (its two edges between the hosts carry
-  // 2 x 7/8 S each), the rest of the ring's data in shared memory. Every
-  // rank's link carries its share: S/4 each, not S through the leaders.
-  // (The second allreduce of a new group: the ring's slots are mapped by then.)
-  auto bytes_between_hosts = [&](const troupe::GroupOptions& options) {
+  // Collectives started at once, without waiting for each other, run in
+  // the order they were called on every rank, whatever order their stages
+  // finish in: each host's arena takes their stages in the same order on
+  // all its ranks.
+  // The same for the ring over all ranks (shared-memory slots between
+  // neighbours on a host, taken by whichever collective comes first).
+  auto run_at_once = [&] {
+    for (int round = 0; round < 3; ++round) {
+      auto at_once = c.mesh.call(RunAtOnce{100'003, 6}, 60s);
+      INFO((at_once.ok() ? std::string("ok") : at_once.errors()[0].second.to_string()));
+      REQUIRE(at_once.ok());
+      for (size_t m = 0; m < 8; ++m) CHECK(*at_once[m] == std::vector<uint64_t>(6, 0));
+    }
+  };
+  run_at_once();
+  c.give_groups(c.mesh, troupe::GroupOptions{.host_arena = false, .chunk_bytes = 4096});
+  run_at_once();
+
+  // What crosses between the hosts, per rank, for a collective of S =
+  // 320,000 bytes a rank (8 segments of S/8), as a new group's second one
+  // (the ring's slots are mapped by then); its result checked on rank 6.
+  using troupe::CollectiveKind;
+  auto bytes_between_hosts = [&](const troupe::GroupOptions& options, CollectiveKind kind) {
     c.give_groups(c.mesh, options);
     auto received = [&] {
       auto counts = c.mesh.call(ChunkCounts{});
@@ -301,17 +351,56 @@ TEST_CASE("collectives: a group over two hosts reduces in each host's arena and 
     std::vector<uint64_t> before;
     for (int round = 0; round < 2; ++round) {
       before = received();
-      auto r = c.mesh.call(RunAllReduce{80'000, static_cast<uint8_t>(DType::float32), static_cast<uint8_t>(ReduceOp::sum)});
+      auto r = c.mesh.call(RunAllReduce{80'000, static_cast<uint8_t>(DType::float32), static_cast<uint8_t>(ReduceOp::sum),
+                                        static_cast<uint8_t>(kind)});
       REQUIRE(r.ok());
-      for (size_t i = 0; i < 80'000; i += 997) CHECK((*r[6])[i] == expected(DType::float32, ReduceOp::sum, 8, i));
+      for (size_t i = 0; i < 80'000; i += 997) {
+        if (kind == CollectiveKind::allgather) {
+          CHECK((*r[6])[i] == pattern(owner_of(i, 80'000, 8), i));
+        } else if (kind == CollectiveKind::allreduce || owner_of(i, 80'000, 8) == 6) {
+          CHECK((*r[6])[i] == expected(DType::float32, ReduceOp::sum, 8, i));
+        }
+      }
     }
     std::vector<uint64_t> after = received();
     for (size_t m = 0; m < 8; ++m) after[m] -= before[m];
     return after;
   };
-  CHECK(bytes_between_hosts(troupe::GroupOptions{}) == std::vector<uint64_t>(8, 320'000 / 4));
-  CHECK(bytes_between_hosts(troupe::GroupOptions{.host_arena = false}) ==
+  // allreduce: 2S in all, each rank's two-rank ring moving S/4 its way,
+  // against 3.5S for the ring over all ranks (its two edges between the
+  // hosts carry 2 x 7/8 S each), the rest of the ring's data in shared
+  // memory. Every rank's link carries its share, not S through leaders.
+  CHECK(bytes_between_hosts(troupe::GroupOptions{}, CollectiveKind::allreduce) ==
+        std::vector<uint64_t>(8, 320'000 / 4));
+  // reduce_scatter and allgather: S in all, each rank getting the one
+  // segment (S/8) of its column on the other host, the least there is;
+  // the ring over all ranks moves 7/8 S over each of its two crossings.
+  CHECK(bytes_between_hosts(troupe::GroupOptions{}, CollectiveKind::reduce_scatter) ==
+        std::vector<uint64_t>(8, 320'000 / 8));
+  CHECK(bytes_between_hosts(troupe::GroupOptions{}, CollectiveKind::allgather) ==
+        std::vector<uint64_t>(8, 320'000 / 8));
+  CHECK(bytes_between_hosts(troupe::GroupOptions{.host_arena = false}, CollectiveKind::allreduce) ==
         std::vector<uint64_t>{560'000, 0, 0, 0, 560'000, 0, 0, 0});
+  CHECK(bytes_between_hosts(troupe::GroupOptions{.host_arena = false}, CollectiveKind::reduce_scatter) ==
+        std::vector<uint64_t>{280'000, 0, 0, 0, 280'000, 0, 0, 0});
+  CHECK(bytes_between_hosts(troupe::GroupOptions{.host_arena = false}, CollectiveKind::allgather) ==
+        std::vector<uint64_t>{280'000, 0, 0, 0, 280'000, 0, 0, 0});
+
+  // That flat ring (the last group) moves chunks through shared memory
+  // exactly from a neighbour on the same host (all but ranks 0 and 4),
+  // never between the hosts.
+  counts = c.mesh.call(ChunkCounts{});
+  REQUIRE(counts.ok());
+  size_t fed_by_a_neighbour = 0;
+  for (size_t m = 0; m < 8; ++m) {
+    bool same_host_before = c.mesh.member(m).ask(MyHost{}).get().value() ==
+                            c.mesh.member((m + 7) % 8).ask(MyHost{}).get().value();
+    INFO("member " << m << (same_host_before ? ", the rank before it on its host" : ", the rank before it elsewhere"));
+    CHECK(((*counts[m])[0] > 0) == same_host_before);
+    CHECK((*counts[m])[3] == 0);  // no arena
+    fed_by_a_neighbour += same_host_before;
+  }
+  CHECK(fed_by_a_neighbour == 6);
 }
 
 TEST_CASE("collectives: a group over hosts with different numbers of ranks reduces through the hosts' leaders",

@@ -30,54 +30,77 @@ double combine(ReduceOp op, double a, double b) {
 
 double pattern(uint32_t rank, size_t i) { return static_cast<double>((rank + 1) * 7 + static_cast<int>(i % 13)); }
 
-/// Runs one collective of `kind` among `ranks` buffers (each of `range`):
-/// the reference semantics of a stage. `root`: an index into `ranks`.
-void apply(CollectiveKind kind, ReduceOp op, uint32_t root, ElemRange range, size_t divide_by,
-           std::vector<std::vector<double>*> ranks) {
-  size_t n = ranks.size();
-  auto segment = [&](size_t k) {
-    ElemRange s = ring_segment(range.len_elems, n, k);
-    return ElemRange{range.offset_elems + s.offset_elems, s.len_elems};
+/// Runs one collective of `kind` among `ranks` buffers (each holding the
+/// stage's elements only): the reference semantics of a stage, with
+/// `segments[k]` what ranks[k] owns. `root`: an index into `ranks`.
+void apply(CollectiveKind kind, ReduceOp op, uint32_t root, const std::vector<ElemRange>& segments, size_t divide_by,
+           std::vector<std::vector<double>>& ranks) {
+  size_t n = ranks.size(), len = ranks[0].size();
+  auto owns = [&](size_t k, size_t at) {
+    return at >= segments[k].offset_elems && at < segments[k].offset_elems + segments[k].len_elems;
   };
   switch (kind) {
     case CollectiveKind::allreduce:
     case CollectiveKind::reduce_scatter: {
-      std::vector<double> acc(ranks[0]->begin() + range.offset_elems,
-                              ranks[0]->begin() + range.offset_elems + range.len_elems);
+      std::vector<double> acc = ranks[0];
       for (size_t k = 1; k < n; ++k) {
-        for (size_t i = 0; i < range.len_elems; ++i) acc[i] = combine(op, acc[i], (*ranks[k])[range.offset_elems + i]);
+        for (size_t i = 0; i < len; ++i) acc[i] = combine(op, acc[i], ranks[k][i]);
       }
       if (op == ReduceOp::avg) {
         for (double& v : acc) v /= static_cast<double>(divide_by);
       }
       for (size_t k = 0; k < n; ++k) {
-        ElemRange mine = segment(k);
-        for (size_t i = 0; i < range.len_elems; ++i) {
-          size_t at = range.offset_elems + i;
-          bool keep = kind == CollectiveKind::allreduce || (at >= mine.offset_elems && at < mine.offset_elems + mine.len_elems);
-          (*ranks[k])[at] = keep ? acc[i] : kPoison;
+        for (size_t i = 0; i < len; ++i) {
+          ranks[k][i] = kind == CollectiveKind::allreduce || owns(k, i) ? acc[i] : kPoison;
         }
       }
       break;
     }
     case CollectiveKind::allgather:
       for (size_t k = 0; k < n; ++k) {
-        ElemRange s = segment(k);
         for (size_t j = 0; j < n; ++j) {
           if (j == k) continue;
-          std::copy_n(ranks[k]->begin() + s.offset_elems, s.len_elems, ranks[j]->begin() + s.offset_elems);
+          std::copy_n(ranks[k].begin() + segments[k].offset_elems, segments[k].len_elems,
+                      ranks[j].begin() + segments[k].offset_elems);
         }
       }
       break;
     case CollectiveKind::broadcast:
       for (size_t j = 0; j < n; ++j) {
-        if (j == root) continue;
-        std::copy_n(ranks[root]->begin() + range.offset_elems, range.len_elems, ranks[j]->begin() + range.offset_elems);
+        if (j != root) ranks[j] = ranks[root];
       }
       break;
     case CollectiveKind::barrier:
       break;
   }
+}
+
+/// The elements of `runs` of `buffer`, concatenated.
+std::vector<double> gather(const std::vector<double>& buffer, const std::vector<ElemRange>& runs) {
+  std::vector<double> out;
+  for (const ElemRange& run : runs) {
+    out.insert(out.end(), buffer.begin() + run.offset_elems, buffer.begin() + run.offset_elems + run.len_elems);
+  }
+  return out;
+}
+
+/// gather()'s inverse: `elems` back into `runs` of `buffer`.
+void scatter(const std::vector<double>& elems, const std::vector<ElemRange>& runs, std::vector<double>& buffer) {
+  size_t at = 0;
+  for (const ElemRange& run : runs) {
+    std::copy_n(elems.begin() + at, run.len_elems, buffer.begin() + run.offset_elems);
+    at += run.len_elems;
+  }
+}
+
+/// Runs a stage of `kind` on `members`' buffers: on the concatenation of
+/// `runs`, member k owning `segments[k]` of it.
+void run_stage(const Stage& s, ReduceOp op, const std::vector<ElemRange>& runs, const std::vector<ElemRange>& segments,
+               size_t divide_by, const std::vector<uint32_t>& members, std::vector<std::vector<double>>& buffers) {
+  std::vector<std::vector<double>> views;
+  for (uint32_t m : members) views.push_back(gather(buffers[m], runs));
+  apply(s.kind, op, s.root, segments, divide_by, views);
+  for (size_t k = 0; k < members.size(); ++k) scatter(views[k], runs, buffers[members[k]]);
 }
 
 struct Emulated {
@@ -103,15 +126,41 @@ Emulated emulate(const GroupLayout& layout, CollectiveKind kind, size_t count, R
         return at(r) != nullptr && at(r)->where == StageWhere::arena;
       });
       if (!ready) continue;
-      std::vector<std::vector<double>*> bufs;
+      const CollectivePlan& first = plans[local[0]];
       for (uint32_t r : local) {
-        if (!(*at(r) == *at(local[0])) || plans[r].arena_op != plans[local[0]].arena_op) {
+        if (!(*at(r) == *at(local[0])) || plans[r].arena_op != first.arena_op ||
+            plans[r].arena_segments != first.arena_segments) {
           out.mismatched_stages.push_back("arena of host " + std::to_string(h));
         }
-        bufs.push_back(&buffers[r]);
       }
-      const Stage s = *at(local[0]);
-      apply(s.kind, plans[local[0]].arena_op, s.root, ElemRange{0, count}, local.size(), bufs);
+      // The arena's elements: its segments one after another (the
+      // default: the whole buffer, cut over the host's ranks).
+      std::vector<ElemRange> runs{ElemRange{0, count}}, segments;
+      if (first.arena_segments.empty()) {
+        for (size_t k = 0; k < local.size(); ++k) segments.push_back(ring_segment(count, local.size(), k));
+      } else {
+        if (first.arena_segments.size() != local.size()) out.mismatched_stages.push_back("arena segments");
+        runs.clear();
+        size_t seen = 0;
+        for (const auto& own : first.arena_segments) {
+          size_t len = 0;
+          for (const ElemRange& run : own) {
+            runs.push_back(run);
+            len += run.len_elems;
+          }
+          segments.push_back(ElemRange{seen, len});
+          seen += len;
+        }
+        // Together they are the whole buffer, each element once.
+        std::vector<int> covered(count, 0);
+        for (const ElemRange& run : runs) {
+          for (size_t i = 0; i < run.len_elems; ++i) ++covered[run.offset_elems + i];
+        }
+        if (std::any_of(covered.begin(), covered.end(), [](int c) { return c != 1; })) {
+          out.mismatched_stages.push_back("arena segments of host " + std::to_string(h) + " do not tile the buffer");
+        }
+      }
+      run_stage(*at(local[0]), first.arena_op, runs, segments, local.size(), local, buffers);
       for (uint32_t r : local) ++next[r];
       progressed = true;
     }
@@ -123,17 +172,25 @@ Emulated emulate(const GroupLayout& layout, CollectiveKind kind, size_t count, R
         return at(m) != nullptr && at(m)->where == StageWhere::net;
       });
       if (!ready) continue;
-      std::vector<std::vector<double>*> bufs;
       for (uint32_t k = 0; k < part.members.size(); ++k) {
         uint32_t m = part.members[k];
         const NetPart& theirs = plans[m].net;
-        if (!(*at(m) == *at(r)) || theirs.members != part.members || theirs.index != k || !(theirs.range == part.range)) {
+        if (!(*at(m) == *at(r)) || theirs.members != part.members || theirs.index != k || theirs.runs != part.runs) {
           out.mismatched_stages.push_back("net stage of rank " + std::to_string(m));
         }
-        bufs.push_back(&buffers[m]);
       }
-      const Stage s = *at(r);
-      apply(s.kind, plans[r].arena_op, s.root, part.range, n, bufs);
+      // The engine's ring cuts its segments from the runs' concatenation
+      // and maps each back to the buffer (NetPart::to_buffer): the
+      // emulator does the same, so segments straddling runs would fail.
+      std::vector<ElemRange> segments;
+      for (size_t k = 0; k < part.members.size(); ++k) {
+        ElemRange seg = ring_segment(part.len_elems(), part.members.size(), k);
+        if (part.runs.size() > 1 && (part.runs.size() != part.members.size() || seg.len_elems != part.runs[k].len_elems)) {
+          out.mismatched_stages.push_back("net segment " + std::to_string(k) + " is not its member's run");
+        }
+        segments.push_back(seg);
+      }
+      run_stage(*at(r), plans[r].arena_op, part.runs, segments, n, part.members, buffers);
       for (uint32_t m : part.members) {
         if (auto avg = plans[m].average) {
           for (size_t i = 0; i < avg->len_elems; ++i) buffers[m][avg->offset_elems + i] /= static_cast<double>(n);
@@ -162,7 +219,8 @@ TEST_CASE("collective plans give every rank the collective's result on any layou
   std::vector<GroupLayout> layouts{GroupLayout::flat(1), GroupLayout::flat(2), GroupLayout::flat(5)};
   for (const std::vector<uint32_t>& hosts : std::vector<std::vector<uint32_t>>{
            {0, 0, 0, 0}, {0, 0, 1, 1}, {0, 0, 0, 0, 1, 1, 1, 1}, {0, 1, 0, 1, 0, 1}, {0, 0, 0, 1},
-           {7, 3, 3, 9, 9, 9}, {0, 1, 1, 1, 1, 2}, {5, 5, 5, 6, 6, 6, 4, 4, 4}}) {
+           {7, 3, 3, 9, 9, 9}, {0, 1, 1, 1, 1, 2}, {5, 5, 5, 6, 6, 6, 4, 4, 4}, {0, 0, 1, 1, 1, 0},
+           {1, 0, 0, 1}}) {
     layouts.push_back(GroupLayout::make(hosts).value());
   }
   const CollectiveKind kinds[] = {CollectiveKind::allreduce, CollectiveKind::reduce_scatter, CollectiveKind::allgather,
@@ -236,7 +294,7 @@ TEST_CASE("collective plans: a flat layout is one ring or tree over all ranks, o
   CHECK(ring.stages[0].where == StageWhere::net);
   CHECK(ring.net.members == std::vector<uint32_t>{0, 1, 2, 3});
   CHECK(ring.net.index == 2);
-  CHECK(ring.net.range == ElemRange{0, 100});
+  CHECK(ring.net.runs == std::vector<ElemRange>{ElemRange{0, 100}});
   REQUIRE(ring.average.has_value());
   CHECK(*ring.average == ElemRange{0, 100});
 
@@ -259,7 +317,7 @@ TEST_CASE("collective plans: an allreduce over two hosts of four ranks runs four
     CHECK(p.stages[1] == Stage{StageWhere::net, CollectiveKind::allreduce, 0});
     CHECK(p.stages[2] == Stage{StageWhere::arena, CollectiveKind::allgather, 0});
     CHECK(p.net.members == std::vector<uint32_t>{r % 4, r % 4 + 4});
-    CHECK(p.net.range == ElemRange{1000 * (r % 4), 1000});
+    CHECK(p.net.runs == std::vector<ElemRange>{ElemRange{1000 * (r % 4), 1000}});
   }
   // Uneven hosts: only the leaders cross.
   GroupLayout uneven = GroupLayout::make({0, 0, 0, 1}).value();
@@ -267,6 +325,46 @@ TEST_CASE("collective plans: an allreduce over two hosts of four ranks runs four
   CHECK(plan_collective(uneven, 1, CollectiveKind::allreduce, 10, ReduceOp::sum, 0).stages.size() == 2);
   CHECK(plan_collective(uneven, 0, CollectiveKind::allreduce, 10, ReduceOp::sum, 0).net.members ==
         std::vector<uint32_t>{0, 3});
+}
+
+TEST_CASE("collective plans: reduce_scatter and allgather over two hosts of four ranks run by columns on the ranks' own segments",
+          "[collectives][plan]") {
+  GroupLayout layout = GroupLayout::make({0, 0, 0, 0, 1, 1, 1, 1}).value();
+  // 8003 elements over 8 ranks: segments of 1001 (ranks 0-2) and 1000.
+  std::vector<std::vector<ElemRange>> columns;
+  for (uint32_t i = 0; i < 4; ++i) columns.push_back({ring_segment(8003, 8, i), ring_segment(8003, 8, i + 4)});
+  for (uint32_t r = 0; r < 8; ++r) {
+    CollectivePlan rs = plan_collective(layout, r, CollectiveKind::reduce_scatter, 8003, ReduceOp::avg, 0);
+    REQUIRE(rs.stages.size() == 2);
+    CHECK(rs.stages[0] == Stage{StageWhere::arena, CollectiveKind::reduce_scatter, 0});
+    CHECK(rs.stages[1] == Stage{StageWhere::net, CollectiveKind::reduce_scatter, 0});
+    CHECK(rs.net.members == std::vector<uint32_t>{r % 4, r % 4 + 4});
+    CHECK(rs.net.index == r / 4);
+    CHECK(rs.net.runs == columns[r % 4]);
+    CHECK(rs.arena_segments == columns);
+    REQUIRE(rs.average.has_value());
+    CHECK(*rs.average == ring_segment(8003, 8, r));  // its own segment, once the ring is done
+
+    CollectivePlan ag = plan_collective(layout, r, CollectiveKind::allgather, 8003, ReduceOp::sum, 0);
+    REQUIRE(ag.stages.size() == 2);
+    CHECK(ag.stages[0] == Stage{StageWhere::net, CollectiveKind::allgather, 0});
+    CHECK(ag.stages[1] == Stage{StageWhere::arena, CollectiveKind::allgather, 0});
+    CHECK(ag.net.runs == columns[r % 4]);
+    CHECK(ag.arena_segments == columns);
+  }
+  // A ring's segments of the concatenation are its members' own segments:
+  // the runs map back exactly.
+  CollectivePlan p = plan_collective(layout, 5, CollectiveKind::allgather, 8003, ReduceOp::sum, 0);
+  CHECK(p.net.len_elems() == 2001);
+  CHECK(p.net.to_buffer(ring_segment(2001, 2, 0)) == ring_segment(8003, 8, 1));
+  CHECK(p.net.to_buffer(ring_segment(2001, 2, 1)) == ring_segment(8003, 8, 5));
+  CHECK(p.net.to_buffer(ElemRange{1001 + 10, 20}) == ElemRange{ring_segment(8003, 8, 5).offset_elems + 10, 20});
+  // Uneven hosts keep the leaders' allreduce and the flat ring.
+  GroupLayout uneven = GroupLayout::make({0, 0, 0, 1}).value();
+  CHECK(plan_collective(uneven, 1, CollectiveKind::allgather, 10, ReduceOp::sum, 0).net.members ==
+        std::vector<uint32_t>{0, 1, 2, 3});
+  CHECK(plan_collective(uneven, 1, CollectiveKind::reduce_scatter, 10, ReduceOp::sum, 0).stages ==
+        plan_collective(uneven, 1, CollectiveKind::allreduce, 10, ReduceOp::sum, 0).stages);
 }
 
 TEST_CASE("group layouts number hosts by their first rank and reject no ranks", "[collectives][plan]") {

@@ -37,7 +37,15 @@ struct Case {
   DType dtype;
   ReduceOp op;
   uint32_t root = 0;
+  /// ArenaCall::segments: each rank's segment as runs; empty: ring_segment's.
+  std::vector<std::vector<ElemRange>> segments = {};
 };
+
+/// Rank `rank`'s segment of case `k`, as runs of the buffer.
+std::vector<ElemRange> segment_runs(const Case& k, size_t ranks, size_t rank) {
+  if (k.segments.empty()) return {ring_segment(k.count, ranks, rank)};
+  return k.segments[rank];
+}
 
 uint64_t signature_of(const Case& k) {
   return (static_cast<uint64_t>(k.kind) << 56) ^ (static_cast<uint64_t>(k.dtype) << 48) ^
@@ -76,15 +84,18 @@ std::vector<std::byte> expected(const Case& k, const std::vector<std::vector<std
       for (size_t q = 1; q < n; ++q) reduce_into(k.dtype, k.op, out.data(), in[q].data(), k.count);
       if (k.op == ReduceOp::avg) finish_avg(k.dtype, out.data(), k.count, n);
       if (k.kind == CollectiveKind::reduce_scatter) {
-        ElemRange mine = ring_segment(k.count, n, rank);
-        for (size_t i = 0; i < k.count; ++i) valid[i] = i >= mine.offset_elems && i < mine.offset_elems + mine.len_elems;
+        valid.assign(k.count, false);
+        for (const ElemRange& run : segment_runs(k, n, rank)) {
+          for (size_t i = 0; i < run.len_elems; ++i) valid[run.offset_elems + i] = true;
+        }
       }
       break;
     }
     case CollectiveKind::allgather:
       for (size_t q = 0; q < n; ++q) {
-        ElemRange s = ring_segment(k.count, n, q);
-        std::memcpy(out.data() + s.offset_elems * width, in[q].data() + s.offset_elems * width, s.len_elems * width);
+        for (const ElemRange& s : segment_runs(k, n, q)) {
+          std::memcpy(out.data() + s.offset_elems * width, in[q].data() + s.offset_elems * width, s.len_elems * width);
+        }
       }
       break;
     case CollectiveKind::broadcast: out = in[k.root]; break;
@@ -123,7 +134,8 @@ size_t run_all(Arenas& a, const std::vector<Case>& cases, uint64_t seed, std::ve
         std::vector<std::vector<std::byte>> in;
         for (uint32_t q = 0; q < n; ++q) in.push_back(input(k, q, seed + c));
         std::vector<std::byte> buf = in[r];
-        ArenaCall call{k.kind, buf.data(), k.count, k.dtype, k.op, k.root, signature_of(k), "a test collective"};
+        ArenaCall call{k.kind, buf.data(), k.count, k.dtype, k.op, k.root, signature_of(k), "a test collective",
+                       k.segments};
         auto done = a.mapped[r].run(a.ranks[r], call, std::chrono::steady_clock::now() + 60s);
         if (!done) {
           errors[r] = done.error().to_string();
@@ -196,6 +208,44 @@ TEST_CASE("host arena: a long random sequence of collectives on ranks running fr
   for (auto& e : errors) CHECK(e.empty());
 }
 
+TEST_CASE("host arena: segments laid out as runs (a column of a group over several hosts) reduce and gather in place",
+          "[collectives][arena]") {
+  // 4 ranks; rank q's segment is ring segments q and q + 4 of the buffer
+  // cut over 8 (a host's column share in a 4 + 4 group), or 3-element
+  // blocks dealt round-robin (many runs, pieces spanning several).
+  const size_t count = 40'001;
+  std::vector<std::vector<ElemRange>> columns(4), dealt(4);
+  for (uint32_t q = 0; q < 4; ++q) columns[q] = {ring_segment(count, 8, q), ring_segment(count, 8, q + 4)};
+  for (size_t at = 0, block = 0; at < count; at += 3, ++block) {
+    dealt[block % 4].push_back(ElemRange{at, std::min<size_t>(3, count - at)});
+  }
+  std::vector<Case> cases;
+  for (const auto* segments : {&columns, &dealt}) {
+    for (DType dtype : {DType::float32, DType::bfloat16, DType::int64}) {
+      for (ReduceOp op : {ReduceOp::sum, ReduceOp::avg, ReduceOp::max}) {
+        cases.push_back(Case{CollectiveKind::reduce_scatter, count, dtype, op, 0, *segments});
+        cases.push_back(Case{CollectiveKind::allreduce, count, dtype, op, 0, *segments});
+      }
+      cases.push_back(Case{CollectiveKind::allgather, count, dtype, ReduceOp::sum, 0, *segments});
+    }
+  }
+  for (uint64_t chunk : {uint64_t{4096}, uint64_t{1} << 20}) {
+    INFO("chunk " << chunk);
+    Arenas a(4, chunk);
+    std::vector<std::string> errors;
+    CHECK(run_all(a, cases, 5 + chunk, errors) == 0);
+    for (auto& e : errors) CHECK(e.empty());
+  }
+  // A layout for another number of ranks is refused, on every rank alike.
+  Arenas a(2, 4096);
+  std::vector<float> x(10, 1.0f);
+  ArenaCall call{CollectiveKind::allgather, reinterpret_cast<std::byte*>(x.data()), 10, DType::float32,
+                 ReduceOp::sum, 0, 1, "allgather", columns};
+  auto refused = a.mapped[0].run(a.ranks[0], call, std::chrono::steady_clock::now() + 60s);
+  REQUIRE_FALSE(refused.has_value());
+  CHECK(refused.error().code() == ErrorCode::invalid_argument);
+}
+
 TEST_CASE("host arena: ranks that call different collectives all fail with a clear error", "[collectives][arena]") {
   Arenas a(4, 1 << 20);
   std::vector<troupe::Result<void>> results(4, troupe::Result<void>{});
@@ -206,7 +256,7 @@ TEST_CASE("host arena: ranks that call different collectives all fail with a cle
       // Rank 2 asks for 999 elements.
       Case k{CollectiveKind::allreduce, r == 2 ? size_t{999} : size_t{1000}, DType::float32, ReduceOp::sum};
       ArenaCall call{k.kind, reinterpret_cast<std::byte*>(bufs[r].data()), k.count, k.dtype, k.op, 0, signature_of(k),
-                     "allreduce"};
+                     "allreduce", {}};
       results[r] = a.mapped[r].run(a.ranks[r], call, std::chrono::steady_clock::now() + 60s);
     });
   }
@@ -230,7 +280,7 @@ TEST_CASE("host arena: a rank that never comes: abort() releases the others at o
     for (uint32_t r = 0; r < 3; ++r) {
       threads.emplace_back([&, r] {
         ArenaCall call{CollectiveKind::allreduce, reinterpret_cast<std::byte*>(bufs[r].data()), 100'000,
-                       DType::float32, ReduceOp::sum, 0, 7, "allreduce"};
+                       DType::float32, ReduceOp::sum, 0, 7, "allreduce", {}};
         results[r] = a.mapped[r].run(a.ranks[r], call, deadline);
       });
     }
@@ -247,7 +297,7 @@ TEST_CASE("host arena: a rank that never comes: abort() releases the others at o
       // And stays broken for later calls.
       std::vector<float> x(10, 1.0f);
       ArenaCall call{CollectiveKind::allreduce, reinterpret_cast<std::byte*>(x.data()), 10, DType::float32,
-                     ReduceOp::sum, 0, 8, "allreduce"};
+                     ReduceOp::sum, 0, 8, "allreduce", {}};
       CHECK(a.mapped[0].run(a.ranks[0], call, std::chrono::steady_clock::now() + 60s).error().code() ==
             ErrorCode::peer_lost);
     }

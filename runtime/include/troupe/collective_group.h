@@ -21,6 +21,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -99,6 +100,19 @@ enum class CollectiveKind : uint8_t {
   /// Returns once every rank has entered it (no data).
   barrier,
 };
+
+/// The kind's name ("allreduce", "reduce_scatter", ...), for logs, errors
+/// and metrics.
+constexpr std::string_view kind_name(CollectiveKind kind) {
+  switch (kind) {
+    case CollectiveKind::allreduce: return "allreduce";
+    case CollectiveKind::reduce_scatter: return "reduce_scatter";
+    case CollectiveKind::allgather: return "allgather";
+    case CollectiveKind::broadcast: return "broadcast";
+    case CollectiveKind::barrier: return "barrier";
+  }
+  return "collective";
+}
 
 /// Asks the local engine to run a collective on `count` elements at `data`,
 /// in place, with the group's other ranks. The memory must stay valid, and

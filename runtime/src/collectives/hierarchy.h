@@ -16,12 +16,21 @@
 // Hosts with different numbers of ranks run instead an allreduce in each
 // arena, a ring allreduce of the whole buffer among the hosts' first ranks
 // (their leaders), and a broadcast from the leader in each arena.
-// reduce_scatter runs as that allreduce (each rank's segment is then right,
-// and the network carries less than a flat reduce_scatter would); broadcast
-// is a tree among the leaders (the root leads its host) and a broadcast in
-// each arena; barrier is a barrier in each arena, one among the leaders,
-// and one more in each arena. allgather stays a flat ring over all ranks
-// (its segments are not laid out by host).
+// reduce_scatter and allgather on such hosts work by columns too, on the
+// ranks' own segments: rank r's segment (ring_segment over all n ranks) is
+// what it gets or gives, and column i's segments (of the ranks with local
+// index i, in rank order) are local rank i's share of the arena, a few runs
+// of the buffer. reduce_scatter is a reduce_scatter in each arena (local
+// rank i then holds its host's sum of column i's segments) and a ring
+// reduce_scatter among column i's ranks; allgather is a ring allgather among
+// column i's ranks, then an allgather in each arena. Each rank sends (H-1)
+// segments between hosts, (H-1)S in all for S bytes a rank, the least
+// possible: the flat ring over ranks laid out host by host sends H(n-1)/n S.
+// On uneven hosts reduce_scatter runs as the leaders' allreduce (each rank's
+// segment is then right) and allgather as the flat ring over all ranks.
+// broadcast is a tree among the leaders (the root leads its host) and a
+// broadcast in each arena; barrier is a barrier in each arena, one among the
+// leaders, and one more in each arena.
 //
 // A layout where every host has a single rank is the flat case: one stage,
 // the ring or tree over all ranks, exactly as without arenas; a layout with
@@ -96,9 +105,18 @@ struct NetPart {
   std::vector<uint32_t> members;
   /// This rank's place in members.
   uint32_t index = 0;
-  /// The elements of the buffer the stage works on: ring segments are cut
-  /// from this range (members[k] owns segment k of it).
-  ElemRange range;
+  /// The elements the stage works on: the concatenation of these runs of
+  /// the buffer, in order. Ring segments are cut from the concatenation
+  /// (members[k] owns segment k of it), and every segment lies within one
+  /// run: one run, or a run per member that is exactly its segment.
+  std::vector<ElemRange> runs;
+
+  /// The elements of the concatenation.
+  size_t len_elems() const;
+  /// Where elements [offset, offset + len) of the concatenation are in the
+  /// buffer. REQUIRES: they lie within one run (aborts otherwise); an empty
+  /// range maps to an empty one.
+  ElemRange to_buffer(ElemRange in_runs) const;
 };
 
 /// What one rank does for one collective.
@@ -107,6 +125,11 @@ struct CollectivePlan {
   std::vector<Stage> stages;
   /// The net stage's ranks and elements (when it has one).
   NetPart net;
+  /// The arena stages' layout: arena_segments[i] is local rank i's segment
+  /// (what it holds after a reduce_scatter, gives to an allgather), as runs
+  /// of the buffer in order. Empty: ring_segment's layout of the whole
+  /// buffer over the host's ranks.
+  std::vector<std::vector<ElemRange>> arena_segments;
   /// The op the arena stages combine with: the collective's, except sum for
   /// avg when the average is taken later (average below).
   ReduceOp arena_op = ReduceOp::sum;

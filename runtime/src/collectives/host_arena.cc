@@ -237,17 +237,48 @@ Result<void> HostArena::run(ArenaRank& me, const ArenaCall& call, std::chrono::s
   const size_t width = dtype_size(call.dtype);
   const size_t piece = position_bytes_ / width;  // elements per position
   const bool reduces = call.kind == CollectiveKind::allreduce || call.kind == CollectiveKind::reduce_scatter;
+  const bool laid_out = !call.segments.empty();
+  if (laid_out && call.segments.size() != n) {
+    return error(ErrorCode::invalid_argument, "collectives: an arena call with " + std::to_string(call.segments.size()) +
+                                                  " segments for " + std::to_string(n) + " ranks");
+  }
+  size_t longest = ring_segment(call.count_elems, n, 0).len_elems;
+  if (laid_out) {
+    longest = 0;
+    for (const auto& runs : call.segments) {
+      size_t len = 0;
+      for (const ElemRange& run : runs) len += run.len_elems;
+      longest = std::max(longest, len);
+    }
+  }
   size_t rounds = 1;
   if (call.kind == CollectiveKind::broadcast) {
     rounds = std::max<size_t>(1, (call.count_elems + piece * n - 1) / (piece * n));
   } else if (call.kind != CollectiveKind::barrier) {
-    rounds = std::max<size_t>(1, (ring_segment(call.count_elems, n, 0).len_elems + piece - 1) / piece);
+    rounds = std::max<size_t>(1, (longest + piece - 1) / piece);
   }
   const bool stream = call.count_elems * width >= kStreamBytes;
   auto into_buffer = [&](std::byte* dst, const std::byte* src, size_t bytes) {
     stream ? copy_streaming(dst, src, bytes) : (void)std::memcpy(dst, src, bytes);
   };
   auto at = [&](const ElemRange& e) { return call.data + e.offset_elems * width; };
+  // Piece `t` of segment `q`: fn(its offset in the piece, in elements; the
+  // buffer's elements) for each run it covers (one in the default layout).
+  auto for_piece = [&](uint32_t q, size_t t, auto&& fn) {
+    if (!laid_out) {
+      ElemRange p = piece_of(call.count_elems, n, q, t, piece);
+      if (p.len_elems > 0) fn(size_t{0}, p);
+      return;
+    }
+    const size_t begin = t * piece, end = begin + piece;
+    size_t seen = 0;
+    for (const ElemRange& run : call.segments[q]) {
+      size_t lo = std::max(begin, seen), hi = std::min(end, seen + run.len_elems);
+      if (lo < hi) fn(lo - begin, ElemRange{run.offset_elems + (lo - seen), hi - lo});
+      seen += run.len_elems;
+      if (seen >= end) break;
+    }
+  };
   Control* c = control();
   c->rank(r).signature[me.calls % 2].store(call.signature, std::memory_order_relaxed);
   std::vector<const std::byte*> srcs(n);
@@ -258,12 +289,14 @@ Result<void> HostArena::run(ArenaRank& me, const ArenaCall& call, std::chrono::s
     // A: this rank's data into its slot.
     if (reduces) {
       for (uint32_t q = 0; q < n; ++q) {
-        ElemRange p = piece_of(call.count_elems, n, q, t, piece);
-        std::memcpy(mine + q * position_bytes_, at(p), p.len_elems * width);
+        for_piece(q, t, [&](size_t in_piece, ElemRange p) {
+          std::memcpy(mine + q * position_bytes_ + in_piece * width, at(p), p.len_elems * width);
+        });
       }
     } else if (call.kind == CollectiveKind::allgather) {
-      ElemRange p = piece_of(call.count_elems, n, r, t, piece);
-      std::memcpy(mine + r * position_bytes_, at(p), p.len_elems * width);
+      for_piece(r, t, [&](size_t in_piece, ElemRange p) {
+        std::memcpy(mine + r * position_bytes_ + in_piece * width, at(p), p.len_elems * width);
+      });
     } else if (call.kind == CollectiveKind::broadcast && r == call.root) {
       size_t begin = std::min(call.count_elems, t * piece * n);
       size_t len = std::min(call.count_elems - begin, piece * n);
@@ -280,30 +313,29 @@ Result<void> HostArena::run(ArenaRank& me, const ArenaCall& call, std::chrono::s
                          "; every rank must call the same collectives (kind, count, type, op, root) in the same order");
       }
     }
-    // B: this rank's position of every slot, folded in rank order.
+    // B: this rank's position of every slot, folded in rank order: into
+    // its own slot (allreduce, for the others to copy) or its buffer.
     if (reduces) {
-      ElemRange p = piece_of(call.count_elems, n, r, t, piece);
-      for (uint32_t q = 0; q < n; ++q) srcs[q] = slot(parity, q) + r * position_bytes_;
-      std::byte* dst = call.kind == CollectiveKind::allreduce ? mine + r * position_bytes_ : at(p);
-      reduce_many(call.dtype, call.op, dst, srcs.data(), n, p.len_elems);
-      if (call.op == ReduceOp::avg) finish_avg(call.dtype, dst, p.len_elems, n);
+      for_piece(r, t, [&](size_t in_piece, ElemRange p) {
+        for (uint32_t q = 0; q < n; ++q) srcs[q] = slot(parity, q) + r * position_bytes_ + in_piece * width;
+        std::byte* dst =
+            call.kind == CollectiveKind::allreduce ? mine + r * position_bytes_ + in_piece * width : at(p);
+        reduce_many(call.dtype, call.op, dst, srcs.data(), n, p.len_elems);
+        if (call.op == ReduceOp::avg) finish_avg(call.dtype, dst, p.len_elems, n);
+      });
       if (call.kind == CollectiveKind::allreduce) count_phase(me);
     }
     // C: the others' results (or contributions) into this rank's buffer.
-    if (call.kind == CollectiveKind::allreduce) {
+    if (call.kind == CollectiveKind::allreduce || call.kind == CollectiveKind::allgather) {
       for (uint32_t k = 0; k < n; ++k) {
         uint32_t q = (r + k) % n;  // its own first: ready without a wait
-        if (q != r) {
+        if (q == r && call.kind == CollectiveKind::allgather) continue;
+        if (q != r && call.kind == CollectiveKind::allreduce) {
           if (auto ok = wait_for(q, me.phase, deadline); !ok) return ok;
         }
-        ElemRange p = piece_of(call.count_elems, n, q, t, piece);
-        into_buffer(at(p), slot(parity, q) + q * position_bytes_, p.len_elems * width);
-      }
-    } else if (call.kind == CollectiveKind::allgather) {
-      for (uint32_t q = 0; q < n; ++q) {
-        if (q == r) continue;
-        ElemRange p = piece_of(call.count_elems, n, q, t, piece);
-        into_buffer(at(p), slot(parity, q) + q * position_bytes_, p.len_elems * width);
+        for_piece(q, t, [&](size_t in_piece, ElemRange p) {
+          into_buffer(at(p), slot(parity, q) + q * position_bytes_ + in_piece * width, p.len_elems * width);
+        });
       }
     } else if (call.kind == CollectiveKind::broadcast && r != call.root) {
       size_t begin = std::min(call.count_elems, t * piece * n);

@@ -46,7 +46,9 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
+#include "collectives/ring.h"
 #include "collectives/shm_slots.h"
 #include "troupe/collective_group.h"
 #include "troupe/collectives.h"
@@ -64,6 +66,11 @@ struct ArenaCall {
   uint32_t root = 0;       ///< broadcast
   uint64_t signature = 0;  ///< equal on every rank for the same collective
   std::string what;        ///< "allreduce of 1000 float32 (sum)", for errors
+  /// Each rank's segment (reduce_scatter's result, allgather's share) as
+  /// runs of the buffer, in order; empty: ring_segment's layout of the
+  /// whole buffer. Every rank passes the same. Pieces of a segment move
+  /// through the slots as of one range (a piece may span runs).
+  std::vector<std::vector<ElemRange>> segments;
 };
 
 /// Where one rank is in the arena's sequence: its own counter, the rounds

@@ -30,22 +30,6 @@ namespace {
   std::abort();
 }
 
-std::string_view kind_name(CollectiveKind kind) {
-  switch (kind) {
-    case CollectiveKind::allreduce:
-      return "allreduce";
-    case CollectiveKind::reduce_scatter:
-      return "reduce_scatter";
-    case CollectiveKind::allgather:
-      return "allgather";
-    case CollectiveKind::broadcast:
-      return "broadcast";
-    case CollectiveKind::barrier:
-      return "barrier";
-  }
-  return "unknown";
-}
-
 #if TROUPE_WITH_CUDA
 // Asked once: without a GPU every CUDA call fails, and the pointer queries
 // should not pay for finding that out again.

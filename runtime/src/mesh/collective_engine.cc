@@ -42,17 +42,6 @@ ErrorCode failure_code(uint8_t code) {
   return static_cast<ErrorCode>(code);
 }
 
-const char* kind_name(CollectiveKind kind) {
-  switch (kind) {
-    case CollectiveKind::allreduce: return "allreduce";
-    case CollectiveKind::reduce_scatter: return "reduce_scatter";
-    case CollectiveKind::allgather: return "allgather";
-    case CollectiveKind::broadcast: return "broadcast";
-    case CollectiveKind::barrier: return "barrier";
-  }
-  return "collective";
-}
-
 /// Bounds on a group's chunk size (GroupOptions::chunk_bytes): a page at
 /// least (slots are pages), and small enough that a heartbeat is never held
 /// up long behind a chunk.
@@ -162,7 +151,34 @@ void ProcAnchor::Group::Arena::close() {
   arena.reset();
 }
 
-void ProcAnchor::run_on_arena(Group& g, uint32_t rank, const Op& op) {
+bool ProcAnchor::arena_blocked(const LocalRank& lr, const Op& op) {
+  for (const auto& [seq, earlier] : lr.ops) {
+    if (seq >= op.seq) break;
+    for (size_t j = earlier.stage; j < earlier.plan.stages.size(); ++j) {
+      bool handed = j == earlier.stage && earlier.on_arena;
+      if (earlier.plan.stages[j].where == collectives::StageWhere::arena && !handed) return true;
+    }
+  }
+  return false;
+}
+
+void ProcAnchor::resume_arena_waiters(Group& g, uint32_t rank) {
+  auto lr = g.ranks.find(rank);
+  if (lr == g.ranks.end()) return;
+  std::vector<uint64_t> waiting;
+  for (const auto& [seq, op] : lr->second.ops) {
+    bool at_arena = op.stage < op.plan.stages.size() &&
+                    op.plan.stages[op.stage].where == collectives::StageWhere::arena;
+    if (at_arena && !op.on_arena) waiting.push_back(seq);
+  }
+  // advance() looks each up again: a stage handed over may let the next go.
+  for (uint64_t seq : waiting) {
+    if (!g.broken.ok()) return;
+    advance(g, rank, seq);
+  }
+}
+
+void ProcAnchor::run_on_arena(Group& g, uint32_t rank, Op& op) {
   if (!g.arena.arena) {  // a JoinGroup without its arena was refused: a bug if it comes to this
     break_group(g.spec.id, Status(ErrorCode::invalid_argument, "collectives: group " + g.spec.id + ": rank " +
                                                                    std::to_string(rank) + " has no arena here"));
@@ -195,11 +211,13 @@ void ProcAnchor::run_on_arena(Group& g, uint32_t rank, const Op& op) {
       [](const collectives::Stage& s) { return s.where == collectives::StageWhere::arena; }));
   uint64_t signature = op.signature ^ (0x9e3779b97f4a7c15ULL * (arena_stages + 1));
   std::string what = op.plan.stages.size() == 1 ? op.what
-                                                 : op.what + " (its " + kind_name(stage.kind) + " in the host's arena)";
+                                                 : op.what + " (its " + std::string(kind_name(stage.kind)) + " in the host's arena)";
+  op.on_arena = true;
   runner->submit(op.seq,
                  collectives::ArenaCall{stage.kind, op.data, op.count, op.dtype, op.plan.arena_op, stage.root,
-                                        signature, std::move(what)},
+                                        signature, std::move(what), op.plan.arena_segments},
                  deadline);
+  resume_arena_waiters(g, rank);
 }
 
 void ProcAnchor::handle(const ArenaDone& m) {
@@ -211,6 +229,7 @@ void ProcAnchor::handle(const ArenaDone& m) {
   auto op = lr->second.ops.find(m.seq);
   if (op == lr->second.ops.end()) return;
   if (m.code == 0) {
+    op->second.on_arena = false;
     ++op->second.stage;
     advance(g, m.rank, m.seq);
     return;
@@ -380,25 +399,25 @@ void ProcAnchor::set_net_steps(Op& op, const collectives::Stage& stage, size_t c
   size_t members = part.members.size();
   chunk_elems = std::max<size_t>(1, chunk_elems);
   auto ring = [&](collectives::RingSchedule s) {
-    // The schedule is over the members and the range: to group ranks, and
-    // to offsets into the whole buffer.
+    // The schedule is over the members and the runs' concatenation: to
+    // group ranks, and to elements of the whole buffer.
     s.send_to = part.members[s.send_to];
     s.recv_from = part.members[s.recv_from];
     for (auto& step : s.steps) {
-      step.send.offset_elems += part.range.offset_elems;
-      step.recv.offset_elems += part.range.offset_elems;
+      step.send = part.to_buffer(step.send);
+      step.recv = part.to_buffer(step.recv);
     }
     op.schedule = std::move(s);
   };
   switch (stage.kind) {
     case CollectiveKind::allreduce:
-      ring(collectives::ring_allreduce_schedule(members, part.index, part.range.len_elems, chunk_elems));
+      ring(collectives::ring_allreduce_schedule(members, part.index, part.len_elems(), chunk_elems));
       break;
     case CollectiveKind::reduce_scatter:
-      ring(collectives::ring_reduce_scatter_schedule(members, part.index, part.range.len_elems, chunk_elems));
+      ring(collectives::ring_reduce_scatter_schedule(members, part.index, part.len_elems(), chunk_elems));
       break;
     case CollectiveKind::allgather:
-      ring(collectives::ring_allgather_schedule(members, part.index, part.range.len_elems, chunk_elems));
+      ring(collectives::ring_allgather_schedule(members, part.index, part.len_elems(), chunk_elems));
       break;
     case CollectiveKind::broadcast:
       for (auto& s : collectives::tree_broadcast_schedule(members, stage.root, part.index)) {
@@ -425,7 +444,10 @@ void ProcAnchor::advance(Group& g, uint32_t rank, uint64_t seq) {
   Op& op = it->second;
   if (op.stage >= op.plan.stages.size()) return finish(g, rank, seq);
   const collectives::Stage& stage = op.plan.stages[op.stage];
-  if (stage.where == collectives::StageWhere::arena) return run_on_arena(g, rank, op);
+  if (stage.where == collectives::StageWhere::arena) {
+    if (op.on_arena || arena_blocked(lr, op)) return;  // resume_arena_waiters() goes on with it
+    return run_on_arena(g, rank, op);
+  }
   if (stage.kind == CollectiveKind::broadcast || stage.kind == CollectiveKind::barrier) return pump_peers(g, rank, seq);
   pump(g, rank, seq);
 }
@@ -601,6 +623,7 @@ void ProcAnchor::finish(Group& g, uint32_t rank, uint64_t seq) {
   Deferred<void> reply = op.reply;
   lr.ops.erase(it);
   reply.complete();
+  resume_arena_waiters(g, rank);
 }
 
 void ProcAnchor::handle(const RingChunk& m) {

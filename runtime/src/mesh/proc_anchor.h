@@ -224,6 +224,8 @@ class ProcAnchor final
     /// it is in them.
     collectives::CollectivePlan plan;
     size_t stage = 0;
+    /// Its current (arena) stage is with the rank's arena runner.
+    bool on_arena = false;
     /// The net stage's steps: a ring's (schedule), or a tree's (peer_steps),
     /// in group ranks and offsets into the whole buffer.
     collectives::RingSchedule schedule;
@@ -351,7 +353,17 @@ class ProcAnchor final
   /// them when the GPU is done, polling every millisecond meanwhile.
   void gpu_progress(const std::string& group);
   /// Hands the current (arena) stage of `op` of rank `rank` to its arena runner.
-  void run_on_arena(Group& g, uint32_t rank, const Op& op);
+  void run_on_arena(Group& g, uint32_t rank, Op& op);
+  /// True while a collective this rank called before `op` still has arena
+  /// stages to hand over. A host's ranks must hand their arena the same
+  /// stages in the same order, and the order in which collectives started
+  /// at once reach their arena stages depends on timing (a net stage ends
+  /// sooner on one rank than on another): so arena stages go in the order
+  /// of (collective, stage), the same on every rank of the host.
+  static bool arena_blocked(const LocalRank& lr, const Op& op);
+  /// Hands over the arena stages that waited for earlier collectives' and
+  /// may go now.
+  void resume_arena_waiters(Group& g, uint32_t rank);
   /// Keeps an arena made or mapped for group `id` until its JoinGroup (a
   /// few at most: a driver that died before it leaves one behind).
   void keep_pending_arena(const std::string& id, collectives::HostArena arena);
