@@ -184,6 +184,35 @@ TEST_CASE("nccl: many collectives enqueued back to back are all done when done_s
   CHECK(back == host);
 }
 
+TEST_CASE("nccl: collectives enqueued back to back are told finished one by one, oldest first, each exactly once",
+          "[gpu][nccl]") {
+  auto comm = single_rank_comm();
+  auto host = pattern_bytes(DType::float32, 1 << 20);
+  DeviceBytes dev(host.size());
+  REQUIRE(cudaMemcpy(dev.ptr, host.data(), host.size(), cudaMemcpyHostToDevice) == cudaSuccess);
+  size_t told = 0;
+  // Finished ones are taken while more are enqueued (with one event
+  // re-recorded after every enqueue, none would be told done before the
+  // enqueueing stopped).
+  for (int i = 0; i < 200; ++i) {
+    REQUIRE(comm->enqueue(CollectiveKind::allreduce, dev.ptr, host.size() / 4, DType::float32, ReduceOp::sum, 0).ok());
+    auto finished = comm->take_finished();
+    REQUIRE(finished.has_value());
+    told += *finished;
+    CHECK(told <= static_cast<size_t>(i) + 1);
+  }
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (told < 200 && std::chrono::steady_clock::now() < deadline) {
+    auto finished = comm->take_finished();
+    REQUIRE(finished.has_value());
+    told += *finished;
+    std::this_thread::yield();
+  }
+  CHECK(told == 200);
+  CHECK(comm->take_finished() == size_t{0});
+  CHECK(comm->done_state().done());
+}
+
 TEST_CASE("nccl: a moved communicator keeps working", "[gpu][nccl]") {
   auto comm = single_rank_comm();
   NcclComm moved = std::move(*comm);
@@ -216,19 +245,19 @@ TEST_CASE("nccl: a host buffer is refused before it reaches NCCL", "[gpu][nccl]"
   CHECK(s.code() == ErrorCode::invalid_argument);
   CHECK_THAT(s.message(), Catch::Contains("is not device memory"));
   CHECK(comm->done_state().done());  // the communicator is still fine
-  CHECK_FALSE(NcclComm::is_device_pointer(host.data()));
+  CHECK(NcclComm::is_device_pointer(host.data()) == false);
 }
 
 TEST_CASE("nccl: device and managed memory are device pointers, host memory is not", "[gpu][nccl]") {
   DeviceBytes dev(4096);
-  CHECK(NcclComm::is_device_pointer(dev.ptr));
+  CHECK(NcclComm::is_device_pointer(dev.ptr) == true);
   void* managed = nullptr;
   REQUIRE(cudaMallocManaged(&managed, 4096) == cudaSuccess);
-  CHECK(NcclComm::is_device_pointer(managed));
+  CHECK(NcclComm::is_device_pointer(managed) == true);
   cudaFree(managed);
   int on_stack = 0;
-  CHECK_FALSE(NcclComm::is_device_pointer(&on_stack));
-  CHECK_FALSE(NcclComm::is_device_pointer(nullptr));
+  CHECK(NcclComm::is_device_pointer(&on_stack) == false);
+  CHECK(NcclComm::is_device_pointer(nullptr) == false);
 }
 
 TEST_CASE("nccl: after abort every call fails with communicator aborted", "[gpu][nccl]") {

@@ -125,7 +125,12 @@ Result<std::pair<GptCuda, std::string>> make_gpt(const GptConfig& config, const 
                                     .tf32 = options.precision == MatmulPrecision::tf32});
   if (!gpt) return error(gpt.error());
   cudaDeviceProp prop{};
-  std::string name = cudaGetDeviceProperties(&prop, device) == cudaSuccess ? prop.name : "(unnamed device)";
+  std::string name = "(unnamed device)";
+  if (cudaGetDeviceProperties(&prop, device) == cudaSuccess) {
+    name = prop.name;
+  } else {
+    (void)cudaGetLastError();  // only the name was lost: not an error for the next launch to report as its own
+  }
   return std::pair<GptCuda, std::string>(std::move(*gpt), std::move(name));
 }
 

@@ -850,6 +850,10 @@ Status GptCuda::make_cache(size_t slots) {
   m.values.reset();
   GPT_CUDA_TRY(m.keys.allocate(floats, "the cached keys", ErrorCode::invalid_argument));
   GPT_CUDA_TRY(m.values.allocate(floats, "the cached values", ErrorCode::invalid_argument));
+  // Zeroed: a row whose position skips ahead attends to finite zeros, not
+  // to whatever the allocation held (NaN poisons a softmax).
+  GPT_CUDA_TRY(check(cudaMemsetAsync(m.keys.get(), 0, floats * sizeof(float), m.stream), "zeroing the cached keys"));
+  GPT_CUDA_TRY(check(cudaMemsetAsync(m.values.get(), 0, floats * sizeof(float), m.stream), "zeroing the cached values"));
   m.cache_slots = slots;
   return {};
 }

@@ -5,6 +5,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
+#include <vector>
 #include <mutex>
 #include <string_view>
 #include <utility>
@@ -41,13 +43,20 @@ bool gpu_present() {
   return present;
 }
 
-// What CUDA knows of `p`; false for host memory it never saw.
-bool pointer_attributes(const void* p, cudaPointerAttributes* attr) {
+// What CUDA knows of `p`: true for device or managed memory (attr filled
+// in), false for host memory (registered or not) and without a GPU, an
+// error when CUDA cannot say (a broken context, no context to be had): a
+// device buffer taken for host memory would be read by the CPU and crash
+// the process, so that is never guessed.
+Result<bool> pointer_attributes(const void* p, cudaPointerAttributes* attr) {
   if (p == nullptr || !gpu_present()) return false;
   *attr = {};
-  if (cudaPointerGetAttributes(attr, p) != cudaSuccess) {
-    (void)cudaGetLastError();  // not an error worth keeping: the caller only asked
-    return false;
+  if (cudaError_t e = cudaPointerGetAttributes(attr, p); e != cudaSuccess) {
+    (void)cudaGetLastError();  // reported here, not left for the next CUDA call to trip on
+    return error(ErrorCode::handler_failed,
+                 fmt::format("cuda: asking where the buffer at {} lives failed: {}: check the process's CUDA "
+                             "context (an earlier kernel fault leaves it broken) and the device with nvidia-smi",
+                             p, cudaGetErrorString(e)));
   }
   return attr->type == cudaMemoryTypeDevice || attr->type == cudaMemoryTypeManaged;
 }
@@ -81,14 +90,15 @@ Result<ElemRange> nccl_in_place_segment(CollectiveKind kind, size_t count_elems,
 int NcclComm::device_of(const void* p) {
 #if TROUPE_WITH_CUDA
   cudaPointerAttributes attr;
-  return pointer_attributes(p, &attr) ? attr.device : -1;
+  auto on_device = pointer_attributes(p, &attr);
+  return on_device && *on_device ? attr.device : -1;
 #else
   (void)p;
   return -1;
 #endif
 }
 
-bool NcclComm::is_device_pointer(const void* p) {
+Result<bool> NcclComm::is_device_pointer(const void* p) {
 #if TROUPE_WITH_CUDA
   cudaPointerAttributes attr;
   return pointer_attributes(p, &attr);
@@ -102,17 +112,18 @@ bool NcclComm::is_device_pointer(const void* p) {
 
 namespace {
 
-// Makes `device` the calling thread's current CUDA device for a scope and
-// puts the caller's back after: NCCL init, streams and events belong to the
-// current device, and the caller's own CUDA work must stay where it was.
+// Makes `device` the calling thread's current CUDA device: NCCL init,
+// streams and events belong to the current device. It is not put back
+// after: the callers run on the actor system's shared threads, where the
+// current device means nothing to the next actor (every troupe entry point
+// that touches CUDA sets its own), and putting back device 0 on a thread
+// that had none would make a context on GPU 0 (CUDA 12+) in every process,
+// whichever GPU it uses.
 class DeviceScope {
  public:
-  explicit DeviceScope(int device) : device_(device) {
-    if (cudaGetDevice(&saved_) != cudaSuccess) saved_ = -1;
-    if (saved_ != device_) status_ = cudaSetDevice(device_);
-  }
-  ~DeviceScope() {
-    if (saved_ >= 0 && saved_ != device_) (void)cudaSetDevice(saved_);
+  explicit DeviceScope(int device) {
+    int current = -1;
+    if (cudaGetDevice(&current) != cudaSuccess || current != device) status_ = cudaSetDevice(device);
   }
   DeviceScope(const DeviceScope&) = delete;
   DeviceScope& operator=(const DeviceScope&) = delete;
@@ -120,8 +131,6 @@ class DeviceScope {
   cudaError_t status() const { return status_; }
 
  private:
-  int device_;
-  int saved_ = -1;
   cudaError_t status_ = cudaSuccess;
 };
 
@@ -190,9 +199,12 @@ struct NcclComm::Impl {
   std::chrono::milliseconds poll_timeout{};
   ncclComm_t comm = nullptr;
   cudaStream_t stream = nullptr;
-  // Recorded after every enqueue; the stream runs in order, so when it has
-  // passed, every collective before it is done too.
-  cudaEvent_t done_event = nullptr;
+  // One event recorded after each collective, oldest first: a collective is
+  // answered when its own has passed, not when the newest has (a caller
+  // that keeps enqueueing would otherwise never see the first one done).
+  std::deque<cudaEvent_t> in_flight;
+  std::vector<cudaEvent_t> spare_events;  // passed, for reuse
+  size_t finished_unclaimed = 0;           // passed, not yet told by take_finished()
   // Recorded on the legacy default stream before each enqueue, and waited
   // for by `stream`: the caller's writes to the buffer on that stream (a
   // cudaMemcpy from pageable memory returns before its last DMA) land
@@ -202,7 +214,6 @@ struct NcclComm::Impl {
   // The barrier's one float: NCCL has no barrier, a 1-element allreduce is one.
   void* scratch = nullptr;
   bool init_done = false;
-  bool enqueued = false;
   bool aborted = false;
   // The first error that broke the communicator; ok while it is healthy.
   Status broken;
@@ -226,6 +237,10 @@ struct NcclComm::Impl {
     if (aborted) return aborted_status();
     return broken;
   }
+
+  // Moves the collectives whose events have passed (oldest first) to
+  // finished_unclaimed; the error that broke the communicator otherwise.
+  Status drain();
 
   // NCCL's state of the communicator: ncclSuccess, ncclInProgress, or the
   // error that broke it.
@@ -291,7 +306,8 @@ NcclComm::Impl::~Impl() {
     }
   }
   // After the communicator, which may still have work on the stream.
-  if (done_event != nullptr) (void)cudaEventDestroy(done_event);
+  for (cudaEvent_t e : in_flight) (void)cudaEventDestroy(e);
+  for (cudaEvent_t e : spare_events) (void)cudaEventDestroy(e);
   if (ready_event != nullptr) (void)cudaEventDestroy(ready_event);
   if (stream != nullptr) (void)cudaStreamDestroy(stream);
   if (scratch != nullptr) (void)cudaFree(scratch);
@@ -351,9 +367,6 @@ Result<std::unique_ptr<NcclComm>> NcclComm::start(const std::string& unique_id, 
   // synchronise with, the legacy default stream the caller's work may use.
   if (cudaError_t e = cudaStreamCreateWithFlags(&s->stream, cudaStreamNonBlocking); e != cudaSuccess) {
     return cuda_failed("creating the stream", e);
-  }
-  if (cudaError_t e = cudaEventCreateWithFlags(&s->done_event, cudaEventDisableTiming); e != cudaSuccess) {
-    return cuda_failed("creating the completion event", e);
   }
   if (cudaError_t e = cudaEventCreateWithFlags(&s->ready_event, cudaEventDisableTiming); e != cudaSuccess) {
     return cuda_failed("creating the ordering event", e);
@@ -427,8 +440,9 @@ Status NcclComm::enqueue(CollectiveKind kind, void* data, size_t count, DType dt
     // Every rank passes the same count, so every rank skips together.
     if (count == 0) return {};
     cudaPointerAttributes attr;
-    bool on_device = pointer_attributes(data, &attr);
-    if (!on_device || (attr.type == cudaMemoryTypeDevice && attr.device != s.device)) {
+    auto on_device = pointer_attributes(data, &attr);
+    if (!on_device) return on_device.error();
+    if (!*on_device || (attr.type == cudaMemoryTypeDevice && attr.device != s.device)) {
       return Status(ErrorCode::invalid_argument,
                     fmt::format("nccl: {}: the buffer at {} is not device memory on device {}: NCCL reaches only "
                                 "its device's memory; copy the data there, or use the CPU collectives",
@@ -480,38 +494,65 @@ Status NcclComm::enqueue(CollectiveKind kind, void* data, size_t count, DType dt
                                      "whole",
                                      what(), nccl_says(r, s.comm))));
   }
-  if (cudaError_t e = cudaEventRecord(s.done_event, s.stream); e != cudaSuccess) {
+  cudaEvent_t done = nullptr;
+  cudaError_t e = cudaSuccess;
+  if (!s.spare_events.empty()) {
+    done = s.spare_events.back();
+    s.spare_events.pop_back();
+  } else {
+    e = cudaEventCreateWithFlags(&done, cudaEventDisableTiming);
+  }
+  if (e == cudaSuccess) e = cudaEventRecord(done, s.stream);
+  if (e != cudaSuccess) {
+    if (done != nullptr) (void)cudaEventDestroy(done);
     return s.fail(Status(ErrorCode::handler_failed,
                          fmt::format("nccl: {}: recording its completion event failed: {}: abort the communicator",
                                      what(), cudaGetErrorString(e))));
   }
-  s.enqueued = true;
+  s.in_flight.push_back(done);
+  return {};
+}
+
+Status NcclComm::Impl::drain() {
+  if (Status st = unusable(); !st.ok()) return st;
+  if (in_flight.empty()) return {};
+  // NCCL first: a lost peer leaves the kernel waiting, so the events alone
+  // would stay pending for ever.
+  ncclResult_t r = async_state();
+  if (r != ncclSuccess && r != ncclInProgress) {
+    return fail(Status(code_of(r, ErrorCode::handler_failed),
+                       fmt::format("nccl: {}: a collective failed: {}: abort the communicator and start a new one "
+                                   "once the group is whole",
+                                   who(), nccl_says(r, comm))));
+  }
+  DeviceScope scope(device);
+  while (!in_flight.empty()) {
+    cudaError_t e = cudaEventQuery(in_flight.front());
+    if (e == cudaErrorNotReady) break;
+    if (e != cudaSuccess) {
+      return fail(Status(ErrorCode::handler_failed,
+                         fmt::format("nccl: {}: a collective failed on the device: {}: abort the communicator", who(),
+                                     cudaGetErrorString(e))));
+    }
+    spare_events.push_back(in_flight.front());
+    in_flight.pop_front();
+    ++finished_unclaimed;
+  }
   return {};
 }
 
 Poll NcclComm::done_state() {
   Impl& s = impl();
-  if (Status st = s.unusable(); !st.ok()) return {Poll::State::failed, st};
-  if (!s.enqueued) return {Poll::State::done, {}};
-  // NCCL first: a lost peer leaves the kernel waiting, so the event alone
-  // would stay pending for ever.
-  ncclResult_t r = s.async_state();
-  if (r != ncclSuccess && r != ncclInProgress) {
-    return {Poll::State::failed,
-            s.fail(Status(code_of(r, ErrorCode::handler_failed),
-                          fmt::format("nccl: {}: a collective failed: {}: abort the communicator and start a new one "
-                                      "once the group is whole",
-                                      s.who(), nccl_says(r, s.comm))))};
-  }
-  cudaError_t e = cudaEventQuery(s.done_event);
-  if (e == cudaErrorNotReady) return {Poll::State::pending, {}};
-  if (e != cudaSuccess) {
-    return {Poll::State::failed,
-            s.fail(Status(ErrorCode::handler_failed,
-                          fmt::format("nccl: {}: a collective failed on the device: {}: abort the communicator",
-                                      s.who(), cudaGetErrorString(e))))};
-  }
-  return {Poll::State::done, {}};
+  if (Status st = s.drain(); !st.ok()) return {Poll::State::failed, st};
+  return {s.in_flight.empty() ? Poll::State::done : Poll::State::pending, {}};
+}
+
+Result<size_t> NcclComm::take_finished() {
+  Impl& s = impl();
+  if (Status st = s.drain(); !st.ok()) return error(st);
+  size_t n = s.finished_unclaimed;
+  s.finished_unclaimed = 0;
+  return n;
 }
 
 void NcclComm::abort() {
@@ -552,6 +593,8 @@ Poll NcclComm::init_state() { return {Poll::State::failed, built_without_nccl()}
 Status NcclComm::enqueue(CollectiveKind, void*, size_t, DType, ReduceOp, int) { return built_without_nccl(); }
 
 Poll NcclComm::done_state() { return {Poll::State::failed, built_without_nccl()}; }
+
+Result<size_t> NcclComm::take_finished() { return error(built_without_nccl()); }
 
 void NcclComm::abort() {}
 

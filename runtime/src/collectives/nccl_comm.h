@@ -120,10 +120,15 @@ class NcclComm {
   /// first; every rank enqueues the same collectives in the same order.
   Status enqueue(CollectiveKind kind, void* data, size_t count, DType dtype, ReduceOp op, int root);
 
-  /// Where the collectives enqueued so far stand (they run in order, so done
-  /// means all of them are): pending, done (also when none was enqueued), or
-  /// failed with NCCL's or CUDA's error. Never blocks.
+  /// Where the collectives enqueued so far stand: pending, done (all of
+  /// them, also when none was enqueued), or failed with NCCL's or CUDA's
+  /// error. Never blocks.
   Poll done_state();
+  /// How many more of the collectives enqueued so far have finished since
+  /// the last call (each has an event of its own; they finish in the order
+  /// they were enqueued, so these are the oldest not yet told), or NCCL's
+  /// or CUDA's error. Never blocks.
+  Result<size_t> take_finished();
 
   /// Aborts the communicator: NCCL stops its kernels and threads and frees it,
   /// and every later call fails with "communicator aborted". For a deadline
@@ -140,8 +145,9 @@ class NcclComm {
 
   /// True when `p` points into CUDA device or managed memory (where NCCL can
   /// reach it); false for host memory, in a build without CUDA, and on a
-  /// machine without a GPU.
-  static bool is_device_pointer(const void* p);
+  /// machine without a GPU; an error (handler_failed) when CUDA cannot tell
+  /// (a broken context), never a guess.
+  static Result<bool> is_device_pointer(const void* p);
   /// The CUDA device `p` is on (the one a communicator for it must use), or
   /// -1 where is_device_pointer(p) is false.
   static int device_of(const void* p);

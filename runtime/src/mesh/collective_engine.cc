@@ -335,7 +335,15 @@ Deferred<void> ProcAnchor::handle(const Collective& m) {
   }
   // CUDA memory goes to NCCL, which needs one rank per process (one GPU
   // each) and, for the segmented kinds, a count the ranks divide.
-  bool gpu = m.count > 0 && collectives::NcclComm::is_device_pointer(m.data);
+  bool gpu = false;
+  if (m.count > 0) {
+    auto on_device = collectives::NcclComm::is_device_pointer(m.data);
+    if (!on_device) {
+      reply.fail(Status(on_device.error().code(), "collectives: group " + m.group + ": " + on_device.error().message()));
+      return reply;
+    }
+    gpu = *on_device;
+  }
   if (gpu) {
     if (g.ranks.size() != 1) {
       reply.fail(Status(ErrorCode::invalid_argument,

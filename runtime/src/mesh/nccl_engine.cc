@@ -93,19 +93,22 @@ void ProcAnchor::gpu_progress(const std::string& id) {
     any_enqueued = true;
   }
   if (!any_enqueued) return;
-  collectives::Poll done = gpu.comm->done_state();
-  if (done.failed()) return fail(done.status);
-  if (done.pending()) return poll_later();
-  // The stream is in order: every collective enqueued so far is done.
+  // Each collective is answered once its own event has passed: they finish
+  // in the order they were enqueued, which is sequence order.
+  auto finished = gpu.comm->take_finished();
+  if (!finished) return fail(finished.error());
   std::vector<Deferred<void>> replies;
+  bool more = false;
   for (auto op = lr.ops.begin(); op != lr.ops.end();) {
-    if (op->second.gpu && op->second.enqueued) {
+    if (op->second.gpu && op->second.enqueued && replies.size() < *finished) {
       replies.push_back(op->second.reply);
       op = lr.ops.erase(op);
     } else {
+      more = more || (op->second.gpu && op->second.enqueued);
       ++op;
     }
   }
+  if (more) poll_later();
   for (auto& reply : replies) reply.complete();
 }
 
