@@ -99,7 +99,7 @@ class Reducer : public troupe::Actor<Reducer, SetGroup, RunAllReduce, RunAtOnce,
           if (!r) return reply.fail(r.error());
           reply.complete(std::vector<uint64_t>{r->chunks_in_slots, r->chunks_in_messages, r->reduced_into_slots,
                                                r->arena_collectives, r->hierarchical_collectives,
-                                               r->bytes_in_messages});
+                                               r->bytes_in_messages, r->pipelined_pieces});
         });
     return reply;
   }
@@ -315,6 +315,9 @@ TEST_CASE("collectives: a group over two hosts reduces in each host's arena and 
     CHECK((*counts[m])[4] == 13);
     // Every rank's column ring crosses to the other host: by message.
     CHECK((*counts[m])[1] > 0);
+    // The allreduce of 300,001 floats (1.2 MB: more than two chunks of 64
+    // KiB a piece, so pipelined) in 8 pieces; the smaller ones in one.
+    CHECK((*counts[m])[6] == 8);
   }
 
   // Collectives started at once, without waiting for each other, run in
@@ -372,6 +375,17 @@ TEST_CASE("collectives: a group over two hosts reduces in each host's arena and 
   // memory. Every rank's link carries its share, not S through leaders.
   CHECK(bytes_between_hosts(troupe::GroupOptions{}, CollectiveKind::allreduce) ==
         std::vector<uint64_t>(8, 320'000 / 4));
+  // Pipelined (4 KiB chunks: 8 pieces of 40,000 bytes, each piece's
+  // column rings running while the next is reduced in the arenas): the same
+  // bytes between the hosts, and each allreduce counted once.
+  CHECK(bytes_between_hosts(troupe::GroupOptions{.chunk_bytes = 4096}, CollectiveKind::allreduce) ==
+        std::vector<uint64_t>(8, 320'000 / 4));
+  auto piecewise = c.mesh.call(ChunkCounts{});
+  REQUIRE(piecewise.ok());
+  for (size_t m = 0; m < 8; ++m) {
+    CHECK((*piecewise[m])[3] == 2);       // two allreduces through the arenas
+    CHECK((*piecewise[m])[6] == 2 * 8);   // in eight pieces each
+  }
   // reduce_scatter and allgather: S in all, each rank getting the one
   // segment (S/8) of its column on the other host, the least there is;
   // the ring over all ranks moves 7/8 S over each of its two crossings.
@@ -492,7 +506,9 @@ TEST_CASE("collectives: a member's process killed during an allreduce fails it o
   auto cluster = two_hosts ? std::make_unique<CollectiveCluster>(std::vector<std::string>{"host-a", "host-b"})
                            : std::make_unique<CollectiveCluster>();
   CollectiveCluster& c = *cluster;
-  c.give_groups(c.mesh);
+  // Two hosts: 64 KiB chunks, so the allreduce runs pipelined in 3 pieces
+  // (each survivor still gets one answer).
+  c.give_groups(c.mesh, troupe::GroupOptions{.chunk_bytes = two_hosts ? uint64_t{64} << 10 : uint64_t{4} << 20});
   int64_t victim = c.mesh.member(7).ask(MyPid{}).get().value();
   // Seven members start; the eighth never will: its process is killed.
   auto seven = c.mesh.flatten("members").range("members", 0, 7).value();

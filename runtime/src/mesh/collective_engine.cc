@@ -151,30 +151,21 @@ void ProcAnchor::Group::Arena::close() {
   arena.reset();
 }
 
-bool ProcAnchor::arena_blocked(const LocalRank& lr, const Op& op) {
-  for (const auto& [seq, earlier] : lr.ops) {
-    if (seq >= op.seq) break;
-    for (size_t j = earlier.stage; j < earlier.plan.stages.size(); ++j) {
-      bool handed = j == earlier.stage && earlier.on_arena;
-      if (earlier.plan.stages[j].where == collectives::StageWhere::arena && !handed) return true;
-    }
-  }
-  return false;
-}
-
 void ProcAnchor::resume_arena_waiters(Group& g, uint32_t rank) {
   auto lr = g.ranks.find(rank);
-  if (lr == g.ranks.end()) return;
-  std::vector<uint64_t> waiting;
-  for (const auto& [seq, op] : lr->second.ops) {
-    bool at_arena = op.stage < op.plan.stages.size() &&
-                    op.plan.stages[op.stage].where == collectives::StageWhere::arena;
-    if (at_arena && !op.on_arena) waiting.push_back(seq);
-  }
-  // advance() looks each up again: a stage handed over may let the next go.
-  for (uint64_t seq : waiting) {
-    if (!g.broken.ok()) return;
-    advance(g, rank, seq);
+  if (lr == g.ranks.end() || !g.broken.ok()) return;
+  auto& order = lr->second.arena_order;
+  while (!order.empty()) {
+    auto [seq, stage] = order.front();
+    auto op = lr->second.ops.find(seq);
+    if (op == lr->second.ops.end()) {  // gone without its stage (a bug): do not hold up the rest
+      order.pop_front();
+      continue;
+    }
+    // Its turn: handed over now if it is there (advance -> run_on_arena pops
+    // it and comes back here for the next), else when it gets there.
+    if (op->second.stage == stage && !op->second.on_arena) advance(g, rank, seq);
+    return;
   }
 }
 
@@ -213,6 +204,7 @@ void ProcAnchor::run_on_arena(Group& g, uint32_t rank, Op& op) {
   std::string what = op.plan.stages.size() == 1 ? op.what
                                                  : op.what + " (its " + std::string(kind_name(stage.kind)) + " in the host's arena)";
   op.on_arena = true;
+  g.ranks[rank].arena_order.pop_front();  // this stage, at the front (advance checked)
   runner->submit(op.seq,
                  collectives::ArenaCall{stage.kind, op.data, op.count, op.dtype, op.plan.arena_op, stage.root,
                                         signature, std::move(what), op.plan.arena_segments},
@@ -357,49 +349,98 @@ Deferred<void> ProcAnchor::handle(const Collective& m) {
       return reply;
     }
   }
-  uint64_t seq = lr->second.next_seq++;
-  Op& op = lr->second.ops[seq];
-  op.seq = seq;
-  op.kind = m.kind;
-  op.gpu = gpu;
-  op.root = m.root;
-  if (!gpu) {  // NCCL runs its own
-    op.plan = collectives::plan_collective(g.layout, m.rank, m.kind, m.count, m.op, m.root);
-    for (const collectives::Stage& stage : op.plan.stages) {
-      if (stage.where == collectives::StageWhere::net) set_net_steps(op, stage, g.spec.chunk_bytes / dtype_size(m.dtype));
-    }
-  }
-  op.signature = codec::type_id(std::to_string(static_cast<int>(m.kind)) + "/" + std::to_string(m.count) + "/" +
-                                std::to_string(static_cast<int>(m.dtype)) + "/" + std::to_string(static_cast<int>(m.op)) +
-                                "/" + std::to_string(m.root));
-  op.what = std::string(kind_name(m.kind)) + " of " + std::to_string(m.count) + " " + std::string(dtype_name(m.dtype)) +
-            " (" + std::string(op_name(m.op)) + (m.kind == CollectiveKind::broadcast ? ", root " + std::to_string(m.root) : "") +
-            ")";
-  op.data = static_cast<std::byte*>(m.data);
-  op.count = m.count;
-  op.dtype = m.dtype;
-  op.op = m.op;
-  op.reply = reply;
-  // Bounded: past the group's deadline the collective fails on this rank,
-  // and the group is broken (the other ranks fail too: they wait on it).
+  // A large allreduce over several hosts runs as pieces, pipelined: piece
+  // j + 1's reduce_scatter in the arena while piece j is between the hosts.
+  // Every rank cuts the same pieces (they depend on the count, the type, the
+  // group's chunk size and layout only), so the pieces' sequence numbers
+  // match across ranks.
+  size_t pieces = gpu ? 1 : pipeline_pieces(g, m.kind, m.count, m.dtype);
+  const size_t width = dtype_size(m.dtype);
   std::string id = m.group;
   uint32_t rank = m.rank;
-  after(std::chrono::milliseconds(g.spec.timeout_ms), [this, id, rank, seq] {
-    auto gi = groups_.find(id);
-    if (gi == groups_.end()) return;
-    auto li = gi->second.ranks.find(rank);
-    if (li == gi->second.ranks.end() || !li->second.ops.count(seq)) return;
-    break_group(id,
-                Status(ErrorCode::timeout, "collectives: a collective of group " + id + " did not complete within " +
-                                               std::to_string(gi->second.spec.timeout_ms) + " ms"),
-                /*tell_others=*/true);
-  });
+  auto left = pieces > 1 ? std::make_shared<size_t>(pieces) : nullptr;
+  std::vector<uint64_t> seqs;
+  std::vector<std::vector<size_t>> arena_stages;  // by piece: its arena stages' indices
+  for (size_t j = 0; j < pieces; ++j) {
+    collectives::ElemRange part = collectives::ring_segment(m.count, pieces, j);
+    uint64_t seq = lr->second.next_seq++;
+    seqs.push_back(seq);
+    Op& op = lr->second.ops[seq];
+    op.seq = seq;
+    op.kind = m.kind;
+    op.gpu = gpu;
+    op.root = m.root;
+    op.pieces_left = left;
+    arena_stages.emplace_back();
+    if (!gpu) {  // NCCL runs its own
+      op.plan = collectives::plan_collective(g.layout, m.rank, m.kind, part.len_elems, m.op, m.root);
+      for (size_t k = 0; k < op.plan.stages.size(); ++k) {
+        const collectives::Stage& stage = op.plan.stages[k];
+        if (stage.where == collectives::StageWhere::net) set_net_steps(op, stage, g.spec.chunk_bytes / width);
+        if (stage.where == collectives::StageWhere::arena) arena_stages.back().push_back(k);
+      }
+    }
+    std::string piece = pieces > 1 ? ", piece " + std::to_string(j + 1) + " of " + std::to_string(pieces) : "";
+    op.signature = codec::type_id(std::to_string(static_cast<int>(m.kind)) + "/" + std::to_string(m.count) + "/" +
+                                  std::to_string(static_cast<int>(m.dtype)) + "/" +
+                                  std::to_string(static_cast<int>(m.op)) + "/" + std::to_string(m.root) + piece);
+    op.what = std::string(kind_name(m.kind)) + " of " + std::to_string(m.count) + " " +
+              std::string(dtype_name(m.dtype)) + " (" + std::string(op_name(m.op)) +
+              (m.kind == CollectiveKind::broadcast ? ", root " + std::to_string(m.root) : "") + piece + ")";
+    op.data = static_cast<std::byte*>(m.data) + part.offset_elems * width;
+    op.count = part.len_elems;
+    op.dtype = m.dtype;
+    op.op = m.op;
+    op.reply = reply;
+    // Bounded: past the group's deadline the collective fails on this rank,
+    // and the group is broken (the other ranks fail too: they wait on it).
+    after(std::chrono::milliseconds(g.spec.timeout_ms), [this, id, rank, seq] {
+      auto gi = groups_.find(id);
+      if (gi == groups_.end()) return;
+      auto li = gi->second.ranks.find(rank);
+      if (li == gi->second.ranks.end() || !li->second.ops.count(seq)) return;
+      break_group(id,
+                  Status(ErrorCode::timeout, "collectives: a collective of group " + id + " did not complete within " +
+                                                 std::to_string(gi->second.spec.timeout_ms) + " ms"),
+                  /*tell_others=*/true);
+    });
+  }
+  // The arena stages' order: a collective's after the ones called before;
+  // a pipelined one's by diagonals (piece j's i-th arena stage at j + i,
+  // the earlier stage first), so piece j + 1's first goes before piece j's
+  // second: reduce_scatter 0, reduce_scatter 1, allgather 0, reduce_scatter 2,
+  // allgather 1, ... The host's other ranks cut the same pieces and plans.
+  size_t most = 0;
+  for (const auto& stages : arena_stages) most = std::max(most, stages.size());
+  for (size_t t = 0; t + 1 < pieces + most; ++t) {
+    for (size_t i = 0; i <= t && i < most; ++i) {
+      size_t j = t - i;
+      if (j < pieces && i < arena_stages[j].size()) lr->second.arena_order.emplace_back(seqs[j], arena_stages[j][i]);
+    }
+  }
   if (gpu) {
     gpu_progress(id);
   } else {
-    advance(g, rank, seq);
+    for (uint64_t seq : seqs) {
+      if (!g.broken.ok()) break;
+      advance(g, rank, seq);
+    }
   }
   return reply;
+}
+
+size_t ProcAnchor::pipeline_pieces(const Group& g, CollectiveKind kind, size_t count, DType dtype) {
+  // Only where there is a net stage to overlap the arenas with: a group
+  // over several hosts with an arena on some. From the group's layout only,
+  // which every rank has alike (whether this process holds an arena is not).
+  bool arenas = false;
+  for (uint32_t h = 0; h < g.layout.hosts(); ++h) arenas = arenas || g.layout.ranks_on(h).size() > 1;
+  if (kind != CollectiveKind::allreduce || g.layout.hosts() < 2 || !arenas) return 1;
+  // Pieces of at least two chunks a rank: the arena moves a chunk a rank per
+  // round, the rings between hosts pipeline chunks of their own.
+  uint64_t piece_bytes = 2 * g.spec.chunk_bytes;
+  uint64_t bytes = count * dtype_size(dtype);
+  return static_cast<size_t>(std::clamp<uint64_t>(bytes / piece_bytes, 1, kMaxPipelinePieces));
 }
 
 void ProcAnchor::set_net_steps(Op& op, const collectives::Stage& stage, size_t chunk_elems) {
@@ -453,7 +494,8 @@ void ProcAnchor::advance(Group& g, uint32_t rank, uint64_t seq) {
   if (op.stage >= op.plan.stages.size()) return finish(g, rank, seq);
   const collectives::Stage& stage = op.plan.stages[op.stage];
   if (stage.where == collectives::StageWhere::arena) {
-    if (op.on_arena || arena_blocked(lr, op)) return;  // resume_arena_waiters() goes on with it
+    bool turn = !lr.arena_order.empty() && lr.arena_order.front() == std::make_pair(seq, op.stage);
+    if (op.on_arena || !turn) return;  // resume_arena_waiters() goes on with it at its turn
     return run_on_arena(g, rank, op);
   }
   if (stage.kind == CollectiveKind::broadcast || stage.kind == CollectiveKind::barrier) return pump_peers(g, rank, seq);
@@ -623,14 +665,18 @@ void ProcAnchor::finish(Group& g, uint32_t rank, uint64_t seq) {
   auto it = lr.ops.find(seq);
   if (it == lr.ops.end()) return;
   Op& op = it->second;
-  if (std::any_of(op.plan.stages.begin(), op.plan.stages.end(),
-                  [](const collectives::Stage& s) { return s.where == collectives::StageWhere::arena; })) {
+  // A pipelined collective is done (and counted) with its last piece.
+  if (op.pieces_left) ++g.counters.pipelined_pieces;
+  bool whole = !op.pieces_left || --*op.pieces_left == 0;
+  if (whole && std::any_of(op.plan.stages.begin(), op.plan.stages.end(), [](const collectives::Stage& s) {
+        return s.where == collectives::StageWhere::arena;
+      })) {
     ++g.counters.arena_collectives;
     if (g.layout.hosts() > 1) ++g.counters.hierarchical_collectives;
   }
   Deferred<void> reply = op.reply;
   lr.ops.erase(it);
-  reply.complete();
+  if (whole) reply.complete();
   resume_arena_waiters(g, rank);
 }
 

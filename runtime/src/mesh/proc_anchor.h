@@ -164,8 +164,9 @@ struct GroupCounters {
   uint64_t arena_collectives = 0;   // collectives done (at least in part) through a host arena
   uint64_t hierarchical_collectives = 0;  // of those, ones whose data also went between hosts
   uint64_t bytes_in_messages = 0;   // data received in messages (between hosts, or without shared memory)
+  uint64_t pipelined_pieces = 0;    // pieces of pipelined collectives done
   TROUPE_FIELDS(chunks_in_slots, chunks_in_messages, reduced_into_slots, arena_collectives,
-                hierarchical_collectives, bytes_in_messages);
+                hierarchical_collectives, bytes_in_messages, pipelined_pieces);
 };
 
 /// Receiver -> sender (rank `to_rank`): slot `slot` is free again.
@@ -226,6 +227,10 @@ class ProcAnchor final
     size_t stage = 0;
     /// Its current (arena) stage is with the rank's arena runner.
     bool on_arena = false;
+    /// A piece of a pipelined collective (see handle(Collective)): how many
+    /// of its pieces are not done yet, shared by them; the caller's reply
+    /// goes once all are. Null for a collective in one piece.
+    std::shared_ptr<size_t> pieces_left;
     /// The net stage's steps: a ring's (schedule), or a tree's (peer_steps),
     /// in group ranks and offsets into the whole buffer.
     collectives::RingSchedule schedule;
@@ -247,6 +252,12 @@ class ProcAnchor final
   struct LocalRank {
     uint64_t next_seq = 0;               // the next collective this rank calls
     std::map<uint64_t, Op> ops;          // by sequence number
+    /// The order in which this rank hands its collectives' arena stages to
+    /// the arena: (sequence number, stage index), the same on every rank of
+    /// the host (set when the collectives are called), so the arena never
+    /// sees different collectives on two ranks, whichever net stage ends
+    /// first. A stage waits until it is at the front.
+    std::deque<std::pair<uint64_t, size_t>> arena_order;
     struct Early {
       uint64_t signature = 0;
       uint32_t from = 0;
@@ -354,15 +365,13 @@ class ProcAnchor final
   void gpu_progress(const std::string& group);
   /// Hands the current (arena) stage of `op` of rank `rank` to its arena runner.
   void run_on_arena(Group& g, uint32_t rank, Op& op);
-  /// True while a collective this rank called before `op` still has arena
-  /// stages to hand over. A host's ranks must hand their arena the same
-  /// stages in the same order, and the order in which collectives started
-  /// at once reach their arena stages depends on timing (a net stage ends
-  /// sooner on one rank than on another): so arena stages go in the order
-  /// of (collective, stage), the same on every rank of the host.
-  static bool arena_blocked(const LocalRank& lr, const Op& op);
-  /// Hands over the arena stages that waited for earlier collectives' and
-  /// may go now.
+  /// How many pieces collective (kind, count, dtype) runs in on group g: 1,
+  /// or up to kMaxPipelinePieces for an allreduce over several hosts with
+  /// arenas, so its stages overlap.
+  static size_t pipeline_pieces(const Group& g, CollectiveKind kind, size_t count, DType dtype);
+  static constexpr uint64_t kMaxPipelinePieces = 8;
+  /// Hands over the arena stage now at the front of the rank's arena_order
+  /// if its collective is waiting at it.
   void resume_arena_waiters(Group& g, uint32_t rank);
   /// Keeps an arena made or mapped for group `id` until its JoinGroup (a
   /// few at most: a driver that died before it leaves one behind).
