@@ -5,7 +5,8 @@
 // TROUPE_HOST_ID, whose processes share no memory): hierarchical (each
 // host's arena, rings between the hosts) against the ring over all ranks
 // (BENCH_COLLECTIVES_TWO_HOSTS_ONLY=1 runs only that part), and there
-// reduce_scatter and allgather too (by columns against the flat ring). Reported as nccl-tests does: bus bandwidth = algorithm
+// reduce_scatter and allgather too (by columns against the flat ring), and
+// the allreduce pipelined in pieces against the same in one piece. Reported as nccl-tests does: bus bandwidth = algorithm
 // bandwidth (bytes / time) x 2(n-1)/n, against the machine's memcpy
 // bandwidth measured in the same run. Each size runs three times: on a group
 // that goes through its host arena (the default for ranks on one host,
@@ -17,7 +18,8 @@
 // that does nothing, p50 and p99.
 // BENCH_TRANSPORT=ucx runs the cluster over UCX instead of TCP. For profiling
 // one case: BENCH_COLLECTIVES_MIB=64 (one size), BENCH_COLLECTIVES_N=4,
-// BENCH_COLLECTIVES_CHUNK_KIB=256 (GroupOptions::chunk_bytes).
+// BENCH_COLLECTIVES_CHUNK_KIB=256 (GroupOptions::chunk_bytes),
+// BENCH_COLLECTIVES_PIECES=32 (GroupOptions::pipeline_pieces of the pipelined path).
 #include <unistd.h>
 
 #include <chrono>
@@ -143,6 +145,9 @@ std::string measure(troupe::ClusterClient& cluster, size_t n, troupe::PlacementS
     troupe::GroupOptions options = paths[which].options;
     options.timeout = std::chrono::minutes(5);
     if (const char* e = std::getenv("BENCH_COLLECTIVES_CHUNK_KIB")) options.chunk_bytes = std::stoul(e) << 10;
+    if (const char* e = std::getenv("BENCH_COLLECTIVES_PIECES"); e != nullptr && options.pipeline_pieces > 1) {
+      options.pipeline_pieces = static_cast<uint32_t>(std::stoul(e));
+    }
     auto groups = mesh->make_group(options);
     if (!groups) return fail(groups.error().to_string());
     for (size_t i = 0; i < n; ++i) (void)mesh->member(i).ask(SetGroup{(*groups)[i], which}).get();
@@ -261,7 +266,10 @@ int main(int argc, char** argv) {
     if (!local.error().empty()) return fail(local.error());
     auto cluster = troupe::ClusterClient::connect(rt, local.head().address());
     if (!cluster) return fail(cluster.error().to_string());
-    std::vector<Path> two_host_paths{{"hierarchical", {}}, {"ring", {.host_arena = false}}};
+    // "hierarchical" pipelines a large allreduce in pieces (the default);
+    // "stages" runs it in one piece, its stages one after another.
+    std::vector<Path> two_host_paths{
+        {"hierarchical", {}}, {"ring", {.host_arena = false}}, {"stages", {.pipeline_pieces = 1}}};
     std::vector<size_t> two_host_sizes = quick ? std::vector<size_t>{16} : std::vector<size_t>{16, 64, 256};
     if (const char* e = std::getenv("BENCH_COLLECTIVES_MIB")) two_host_sizes = {std::stoul(e)};
     const std::vector<troupe::CollectiveKind> kinds{troupe::CollectiveKind::allreduce,
@@ -286,6 +294,10 @@ int main(int argc, char** argv) {
                "ring over all ranks, same hosts (this run)", m->busbw_bps[1][at] / 1e9, "report");
           emit(metric, size + suffix + "_ring", m->busbw_bps[1][at] / 1e9, "GB/s",
                "memcpy bandwidth of this machine (this run)", memcpy_bps / 1e9, "report");
+          if (kinds[kind] == troupe::CollectiveKind::allreduce) {
+            emit(metric, size + suffix + "_pipelined_vs_stages", m->busbw_bps[0][at] / 1e9, "GB/s",
+                 "the same, in one piece (stages one after another, this run)", m->busbw_bps[2][at] / 1e9, "report");
+          }
         }
       }
     }

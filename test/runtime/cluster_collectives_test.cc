@@ -315,9 +315,9 @@ TEST_CASE("collectives: a group over two hosts reduces in each host's arena and 
     CHECK((*counts[m])[4] == 13);
     // Every rank's column ring crosses to the other host: by message.
     CHECK((*counts[m])[1] > 0);
-    // The allreduce of 300,001 floats (1.2 MB: more than two chunks of 64
-    // KiB a piece, so pipelined) in 8 pieces; the smaller ones in one.
-    CHECK((*counts[m])[6] == 8);
+    // The allreduce of 300,001 floats (1.2 MB: 9 pieces of at least two
+    // chunks of 64 KiB, so pipelined) in 9 pieces; the smaller ones in one.
+    CHECK((*counts[m])[6] == 9);
   }
 
   // Collectives started at once, without waiting for each other, run in
@@ -375,7 +375,7 @@ TEST_CASE("collectives: a group over two hosts reduces in each host's arena and 
   // memory. Every rank's link carries its share, not S through leaders.
   CHECK(bytes_between_hosts(troupe::GroupOptions{}, CollectiveKind::allreduce) ==
         std::vector<uint64_t>(8, 320'000 / 4));
-  // Pipelined (4 KiB chunks: 8 pieces of 40,000 bytes, each piece's
+  // Pipelined (4 KiB chunks: 32 pieces of 10,000 bytes, each piece's
   // column rings running while the next is reduced in the arenas): the same
   // bytes between the hosts, and each allreduce counted once.
   CHECK(bytes_between_hosts(troupe::GroupOptions{.chunk_bytes = 4096}, CollectiveKind::allreduce) ==
@@ -384,7 +384,19 @@ TEST_CASE("collectives: a group over two hosts reduces in each host's arena and 
   REQUIRE(piecewise.ok());
   for (size_t m = 0; m < 8; ++m) {
     CHECK((*piecewise[m])[3] == 2);       // two allreduces through the arenas
-    CHECK((*piecewise[m])[6] == 2 * 8);   // in eight pieces each
+    CHECK((*piecewise[m])[6] == 2 * 32);  // in 32 pieces each (two chunks a piece would be 39)
+  }
+  // Or in one piece, as asked; a count of pieces out of range is refused.
+  CHECK(bytes_between_hosts(troupe::GroupOptions{.chunk_bytes = 4096, .pipeline_pieces = 1},
+                            CollectiveKind::allreduce) == std::vector<uint64_t>(8, 320'000 / 4));
+  auto whole = c.mesh.call(ChunkCounts{});
+  REQUIRE(whole.ok());
+  for (size_t m = 0; m < 8; ++m) CHECK((*whole[m])[6] == 0);
+  for (uint32_t bad : {0u, 65u}) {
+    auto refused = c.mesh.make_group(troupe::GroupOptions{.pipeline_pieces = bad});
+    REQUIRE_FALSE(refused.has_value());
+    CHECK(refused.error().code() == ErrorCode::invalid_argument);
+    CHECK_THAT(refused.error().message(), Catch::Contains("pipeline_pieces"));
   }
   // reduce_scatter and allgather: S in all, each rank getting the one
   // segment (S/8) of its column on the other host, the least there is;

@@ -54,7 +54,10 @@ struct CollectiveGroup {
   bool shared_memory = true;
   /// The largest piece of a ring step (GroupOptions::chunk_bytes).
   uint64_t chunk_bytes = uint64_t{4} << 20;
-  TROUPE_FIELDS(id, rank, size, engines, timeout_ms, shared_memory, chunk_bytes);
+  /// The most pieces a large allreduce over several hosts runs in
+  /// (GroupOptions::pipeline_pieces).
+  uint32_t pipeline_pieces = 32;
+  TROUPE_FIELDS(id, rank, size, engines, timeout_ms, shared_memory, chunk_bytes, pipeline_pieces);
 
   /// The engine of the calling actor's process (`self`: the caller's own
   /// ref, from which its runtime is found); empty when unknown.
@@ -81,6 +84,11 @@ struct GroupOptions {
   /// message, small enough that several are in flight. In the arena, the
   /// data a rank moves per round (at most 32 MiB of slots in all).
   uint64_t chunk_bytes = uint64_t{4} << 20;
+  /// Over several hosts, an allreduce of at least two chunks a piece runs
+  /// in up to this many pieces (1 to 64), pipelined: piece j + 1 is reduced
+  /// in the hosts' arenas while piece j goes between the hosts. 1: in one
+  /// piece, its stages one after another.
+  uint32_t pipeline_pieces = 32;
 };
 
 /// Which collective a Collective message asks for.

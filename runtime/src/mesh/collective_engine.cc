@@ -59,6 +59,10 @@ Result<void> ProcAnchor::handle(const JoinGroup& m) {
     return error(ErrorCode::invalid_argument, "collectives: group " + spec.id + ": chunk_bytes " +
                                                   std::to_string(spec.chunk_bytes) + " is outside [4 KiB, 64 MiB]");
   }
+  if (spec.pipeline_pieces < 1 || spec.pipeline_pieces > kMaxPipelinePieces) {
+    return error(ErrorCode::invalid_argument, "collectives: group " + spec.id + ": pipeline_pieces " +
+                                                  std::to_string(spec.pipeline_pieces) + " is outside [1, 64]");
+  }
   if (spec.size == 0 || spec.rank >= spec.size || spec.engines.size() != spec.size ||
       (!m.hosts.empty() && m.hosts.size() != spec.size)) {
     return error(ErrorCode::invalid_argument, "collectives: group " + spec.id + " is malformed (rank " +
@@ -440,7 +444,7 @@ size_t ProcAnchor::pipeline_pieces(const Group& g, CollectiveKind kind, size_t c
   // round, the rings between hosts pipeline chunks of their own.
   uint64_t piece_bytes = 2 * g.spec.chunk_bytes;
   uint64_t bytes = count * dtype_size(dtype);
-  return static_cast<size_t>(std::clamp<uint64_t>(bytes / piece_bytes, 1, kMaxPipelinePieces));
+  return static_cast<size_t>(std::clamp<uint64_t>(bytes / piece_bytes, 1, g.spec.pipeline_pieces));
 }
 
 void ProcAnchor::set_net_steps(Op& op, const collectives::Stage& stage, size_t chunk_elems) {

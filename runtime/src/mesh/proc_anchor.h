@@ -366,10 +366,10 @@ class ProcAnchor final
   /// Hands the current (arena) stage of `op` of rank `rank` to its arena runner.
   void run_on_arena(Group& g, uint32_t rank, Op& op);
   /// How many pieces collective (kind, count, dtype) runs in on group g: 1,
-  /// or up to kMaxPipelinePieces for an allreduce over several hosts with
-  /// arenas, so its stages overlap.
+  /// or up to the group's pipeline_pieces for an allreduce over several
+  /// hosts with arenas, so its stages overlap.
   static size_t pipeline_pieces(const Group& g, CollectiveKind kind, size_t count, DType dtype);
-  static constexpr uint64_t kMaxPipelinePieces = 8;
+  static constexpr uint32_t kMaxPipelinePieces = 64;
   /// Hands over the arena stage now at the front of the rank's arena_order
   /// if its collective is waiting at it.
   void resume_arena_waiters(Group& g, uint32_t rank);
