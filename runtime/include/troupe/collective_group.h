@@ -64,6 +64,9 @@ struct CollectiveGroup {
   AnyRef engine(const AnyRef& self) const;
 };
 
+/// The most pieces GroupOptions::pipeline_pieces may ask for.
+inline constexpr uint32_t kMaxPipelinePieces = 64;
+
 /// How ActorMesh::make_group makes a group.
 struct GroupOptions {
   /// How long one collective may take before it fails on every rank.
@@ -85,9 +88,9 @@ struct GroupOptions {
   /// data a rank moves per round (at most 32 MiB of slots in all).
   uint64_t chunk_bytes = uint64_t{4} << 20;
   /// Over several hosts, an allreduce of at least two chunks a piece runs
-  /// in up to this many pieces (1 to 64), pipelined: piece j + 1 is reduced
-  /// in the hosts' arenas while piece j goes between the hosts. 1: in one
-  /// piece, its stages one after another.
+  /// in up to this many pieces (1 to kMaxPipelinePieces), pipelined: piece
+  /// j + 1 is reduced in the hosts' arenas while piece j goes between the
+  /// hosts. 1: in one piece, its stages one after another.
   uint32_t pipeline_pieces = 32;
 };
 

@@ -61,7 +61,8 @@ Result<void> ProcAnchor::handle(const JoinGroup& m) {
   }
   if (spec.pipeline_pieces < 1 || spec.pipeline_pieces > kMaxPipelinePieces) {
     return error(ErrorCode::invalid_argument, "collectives: group " + spec.id + ": pipeline_pieces " +
-                                                  std::to_string(spec.pipeline_pieces) + " is outside [1, 64]");
+                                                  std::to_string(spec.pipeline_pieces) + " is outside [1, " +
+                                                  std::to_string(kMaxPipelinePieces) + "]");
   }
   if (spec.size == 0 || spec.rank >= spec.size || spec.engines.size() != spec.size ||
       (!m.hosts.empty() && m.hosts.size() != spec.size)) {
@@ -363,6 +364,13 @@ Deferred<void> ProcAnchor::handle(const Collective& m) {
   std::string id = m.group;
   uint32_t rank = m.rank;
   auto left = pieces > 1 ? std::make_shared<size_t>(pieces) : nullptr;
+  // What every rank must agree on (see RingChunk::signature), and its words.
+  const std::string call = std::to_string(static_cast<int>(m.kind)) + "/" + std::to_string(m.count) + "/" +
+                           std::to_string(static_cast<int>(m.dtype)) + "/" + std::to_string(static_cast<int>(m.op)) +
+                           "/" + std::to_string(m.root);
+  const std::string what = std::string(kind_name(m.kind)) + " of " + std::to_string(m.count) + " " +
+                           std::string(dtype_name(m.dtype)) + " (" + std::string(op_name(m.op)) +
+                           (m.kind == CollectiveKind::broadcast ? ", root " + std::to_string(m.root) : "");
   std::vector<uint64_t> seqs;
   std::vector<std::vector<size_t>> arena_stages;  // by piece: its arena stages' indices
   for (size_t j = 0; j < pieces; ++j) {
@@ -385,12 +393,8 @@ Deferred<void> ProcAnchor::handle(const Collective& m) {
       }
     }
     std::string piece = pieces > 1 ? ", piece " + std::to_string(j + 1) + " of " + std::to_string(pieces) : "";
-    op.signature = codec::type_id(std::to_string(static_cast<int>(m.kind)) + "/" + std::to_string(m.count) + "/" +
-                                  std::to_string(static_cast<int>(m.dtype)) + "/" +
-                                  std::to_string(static_cast<int>(m.op)) + "/" + std::to_string(m.root) + piece);
-    op.what = std::string(kind_name(m.kind)) + " of " + std::to_string(m.count) + " " +
-              std::string(dtype_name(m.dtype)) + " (" + std::string(op_name(m.op)) +
-              (m.kind == CollectiveKind::broadcast ? ", root " + std::to_string(m.root) : "") + piece + ")";
+    op.signature = codec::type_id(call + piece);
+    op.what = what + piece + ")";
     op.data = static_cast<std::byte*>(m.data) + part.offset_elems * width;
     op.count = part.len_elems;
     op.dtype = m.dtype;

@@ -369,7 +369,6 @@ class ProcAnchor final
   /// or up to the group's pipeline_pieces for an allreduce over several
   /// hosts with arenas, so its stages overlap.
   static size_t pipeline_pieces(const Group& g, CollectiveKind kind, size_t count, DType dtype);
-  static constexpr uint32_t kMaxPipelinePieces = 64;
   /// Hands over the arena stage now at the front of the rank's arena_order
   /// if its collective is waiting at it.
   void resume_arena_waiters(Group& g, uint32_t rank);

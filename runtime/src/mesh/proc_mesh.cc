@@ -254,10 +254,10 @@ Result<std::vector<CollectiveGroup>> detail::make_group(const MeshMembers& membe
   spec.timeout_ms = timeout.count();
   spec.shared_memory = options.shared_memory;
   spec.chunk_bytes = options.chunk_bytes;
-  if (options.pipeline_pieces < 1 || options.pipeline_pieces > 64) {
+  if (options.pipeline_pieces < 1 || options.pipeline_pieces > kMaxPipelinePieces) {
     return error(ErrorCode::invalid_argument, "collectives: pipeline_pieces " +
-                                                  std::to_string(options.pipeline_pieces) +
-                                                  " is outside [1, 64] (1: no pipelining)");
+                                                  std::to_string(options.pipeline_pieces) + " is outside [1, " +
+                                                  std::to_string(kMaxPipelinePieces) + "] (1: no pipelining)");
   }
   spec.pipeline_pieces = options.pipeline_pieces;
   for (size_t i = 0; i < view.size(); ++i) {
