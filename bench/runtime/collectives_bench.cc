@@ -4,16 +4,19 @@
 // 1 MiB to 256 MiB; then the same over two "hosts" (2 agents with different
 // TROUPE_HOST_ID, whose processes share no memory): hierarchical (each
 // host's arena, rings between the hosts) against the ring over all ranks
-// (BENCH_COLLECTIVES_TWO_HOSTS_ONLY=1 runs only that part), and there
+// (BENCH_COLLECTIVES_TWO_HOSTS_ONLY=1 runs only that part,
+// BENCH_COLLECTIVES_ONE_HOST_ONLY=1 only the first), and there
 // reduce_scatter and allgather too (by columns against the flat ring), and
 // the allreduce pipelined in pieces against the same in one piece. Reported as nccl-tests does: bus bandwidth = algorithm
 // bandwidth (bytes / time) x 2(n-1)/n, against the machine's memcpy
-// bandwidth measured in the same run. Each size runs three times: on a group
+// bandwidth measured in the same run. Each size runs four times: on a group
 // that goes through its host arena (the default for ranks on one host,
-// "arena"), on one that runs the ring through shared-memory slots ("shm",
-// GroupOptions::host_arena = false), and on one that keeps the ring's chunks
-// in messages over the transport ("messages", as between hosts);
-// BENCH_COLLECTIVES_PATH=arena, =shm or =messages runs only one. Before the
+// "arena"), the same with every member's buffer a CollectiveBuffer, read in
+// place by the others ("arena_in_place"), on one that runs the ring through
+// shared-memory slots ("shm", GroupOptions::host_arena = false), and on one
+// that keeps the ring's chunks in messages over the transport ("messages",
+// as between hosts); BENCH_COLLECTIVES_PATH=arena, =arena_in_place, =shm or
+// =messages runs only one (a list separated by commas, those). Before the
 // sizes, each path's latency: an allreduce of one float against a mesh call
 // that does nothing, p50 and p99.
 // BENCH_TRANSPORT=ucx runs the cluster over UCX instead of TCP. For profiling
@@ -22,6 +25,7 @@
 // BENCH_COLLECTIVES_PIECES=32 (GroupOptions::pipeline_pieces of the pipelined path).
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -33,6 +37,7 @@
 
 #include "../common/report.h"
 #include "../common/local_cluster.h"
+#include "troupe/collective_buffer.h"
 #include "troupe/collective_group.h"
 #include "troupe/mesh.h"
 #include "troupe/worker.h"
@@ -45,12 +50,14 @@ namespace {
 
 constexpr const char* kToken = "collectives-bench-token";
 
-/// Group `which` (0: arena, 1: ring through shared memory, 2: messages) of
-/// this member.
+/// Group `which` (a path's index) of this member; `registered`: its
+/// collectives run on a CollectiveBuffer (read in place by the host's other
+/// ranks), not on ordinary memory.
 struct SetGroup {
   troupe::CollectiveGroup group;
   uint32_t which = 0;
-  TROUPE_MESSAGE_NAMED(SetGroup, "bench.coll.SetGroup", group, which);
+  bool registered = false;
+  TROUPE_MESSAGE_NAMED(SetGroup, "bench.coll.SetGroup", group, which, registered);
 };
 struct Run {
   uint64_t count = 0;
@@ -69,13 +76,32 @@ struct Ping {
 class Reducer : public troupe::Actor<Reducer, SetGroup, Run, Ping> {
  public:
   void handle(const Ping&) {}
-  void handle(const SetGroup& m) { groups_[m.which % 3] = m.group; }
+  void handle(const SetGroup& m) {
+    groups_[m.which % kPaths] = m.group;
+    registered_[m.which % kPaths] = m.registered;
+  }
   troupe::Deferred<void> handle(const Run& m) {
     auto reply = defer<void>();
-    if (buf_.size() != m.count) buf_.assign(m.count, 1.0f);
-    const troupe::CollectiveGroup& group = groups_[m.which % 3];
+    const uint32_t which = m.which % kPaths;
+    float* data = nullptr;
+    if (registered_[which]) {
+      if (shared_.size() != m.count * sizeof(float)) {
+        auto b = troupe::CollectiveBuffer::allocate(std::max<size_t>(1, m.count) * sizeof(float));
+        if (!b) {
+          reply.fail(b.error());
+          return reply;
+        }
+        shared_ = std::move(*b);
+        std::ranges::fill(shared_.as<float>(), 1.0f);
+      }
+      data = shared_.as<float>().data();
+    } else {
+      if (buf_.size() != m.count) buf_.assign(m.count, 1.0f);
+      data = buf_.data();
+    }
+    const troupe::CollectiveGroup& group = groups_[which];
     ask<void>(group.engine(self()),
-              troupe::Collective{group.id, group.rank, buf_.data(), buf_.size(), troupe::DType::float32,
+              troupe::Collective{group.id, group.rank, data, m.count, troupe::DType::float32,
                                  troupe::ReduceOp::sum, static_cast<troupe::CollectiveKind>(m.kind), 0},
               std::chrono::minutes(5))
         .then([reply](troupe::Result<void> r) mutable { r ? reply.complete() : reply.fail(r.error()); });
@@ -83,8 +109,11 @@ class Reducer : public troupe::Actor<Reducer, SetGroup, Run, Ping> {
   }
 
  private:
-  troupe::CollectiveGroup groups_[3];
+  static constexpr uint32_t kPaths = 4;
+  troupe::CollectiveGroup groups_[kPaths];
+  bool registered_[kPaths] = {};
   std::vector<float> buf_;
+  troupe::CollectiveBuffer shared_;
 };
 
 /// memcpy bandwidth of this machine, bytes/s (best of a few copies of 256 MiB).
@@ -106,6 +135,8 @@ double memcpy_bandwidth() {
 struct Path {
   const char* name;
   troupe::GroupOptions options;
+  /// Members' buffers are CollectiveBuffers.
+  bool registered = false;
 };
 
 /// What one mesh measured: per path, the 1-float allreduce latencies (us)
@@ -127,7 +158,7 @@ double bus_factor(troupe::CollectiveKind kind, size_t n) {
 
 /// Runs the collectives (`kinds`, float32 sum) on a mesh of `n` processes
 /// of `cluster`, one per bundle of `bundle_cpus` CPUs placed by `strategy`,
-/// one group per path (at most 3), into `out`; what failed, or "".
+/// one group per path (at most 4), into `out`; what failed, or "".
 std::string measure(troupe::ClusterClient& cluster, size_t n, troupe::PlacementStrategy strategy, double bundle_cpus,
                     const std::vector<Path>& paths, const std::vector<troupe::CollectiveKind>& kinds,
                     const std::vector<size_t>& sizes_mib, bool quick, Measured& out) {
@@ -150,7 +181,9 @@ std::string measure(troupe::ClusterClient& cluster, size_t n, troupe::PlacementS
     }
     auto groups = mesh->make_group(options);
     if (!groups) return fail(groups.error().to_string());
-    for (size_t i = 0; i < n; ++i) (void)mesh->member(i).ask(SetGroup{(*groups)[i], which}).get();
+    for (size_t i = 0; i < n; ++i) {
+      (void)mesh->member(i).ask(SetGroup{(*groups)[i], which, paths[which].registered}).get();
+    }
   }
   // Latency: an allreduce of one float, called from the driver like the
   // rest, against a mesh call that does nothing.
@@ -217,9 +250,13 @@ int main(int argc, char** argv) {
   std::vector<size_t> ns{4, 8};
   if (const char* e = std::getenv("BENCH_COLLECTIVES_MIB")) sizes_mib = {std::stoul(e)};
   if (const char* e = std::getenv("BENCH_COLLECTIVES_N")) ns = {std::stoul(e)};
-  std::vector<Path> paths{{"arena", {}}, {"shm", {.host_arena = false}}, {"messages", {.shared_memory = false}}};
-  if (const char* only = std::getenv("BENCH_COLLECTIVES_PATH")) {
-    std::erase_if(paths, [&](const Path& p) { return std::string(p.name) != only; });
+  std::vector<Path> paths{{"arena", {}},
+                          {"arena_in_place", {}, true},
+                          {"shm", {.host_arena = false}},
+                          {"messages", {.shared_memory = false}}};
+  if (const char* only = std::getenv("BENCH_COLLECTIVES_PATH")) {  // one name, or several separated by commas
+    std::string list = std::string(",") + only + ",";
+    std::erase_if(paths, [&](const Path& p) { return list.find("," + std::string(p.name) + ",") == std::string::npos; });
   }
   auto emit_latency = [&](const char* what, const std::string& suffix, Measured& m, size_t which) {
     for (double q : {0.5, 0.99}) {
@@ -247,7 +284,7 @@ int main(int argc, char** argv) {
         for (size_t k = 0; k < sizes_mib.size(); ++k) {
           emit("collectives.allreduce_cpu", "busbw_" + std::to_string(sizes_mib[k]) + "MiB" + suffix,
                m->busbw_bps[which][k] / 1e9, "GB/s", "memcpy bandwidth of this machine (this run)", memcpy_bps / 1e9,
-               sizes_mib[k] >= 64 && std::string(paths[which].name) == "arena" ? "ratio >= 0.5" : "report");
+               sizes_mib[k] >= 64 && std::string(paths[which].name).starts_with("arena") ? "ratio >= 0.5" : "report");
         }
       }
     }
@@ -261,7 +298,7 @@ int main(int argc, char** argv) {
   // between the hosts; against the ring over all ranks (shared-memory slots
   // within a host, messages between), what a group spread over hosts did
   // before it had arenas.
-  {
+  if (std::getenv("BENCH_COLLECTIVES_ONE_HOST_ONLY") == nullptr) {
     troupe::bench::LocalCluster local("collectives-bench-2h", kToken, 2, "8", transport, {"host-a", "host-b"});
     if (!local.error().empty()) return fail(local.error());
     auto cluster = troupe::ClusterClient::connect(rt, local.head().address());

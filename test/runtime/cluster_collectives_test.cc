@@ -20,6 +20,7 @@
 #include "collectives/host_id.h"
 #include "mesh/proc_anchor.h"
 #include "support/local_cluster.h"
+#include "troupe/collective_buffer.h"
 #include "troupe/collective_group.h"
 #include "troupe/mesh.h"
 
@@ -46,7 +47,10 @@ struct RunAllReduce {
   /// The rank that asks for `odd_count` elements instead (bad input).
   uint32_t odd_rank = UINT32_MAX;
   uint64_t odd_count = 0;
-  TROUPE_MESSAGE_NAMED(RunAllReduce, "test.coll.RunAllReduce", count, dtype, op, kind, root, odd_rank, odd_count);
+  /// Ranks (bit r: rank r) whose buffer is a CollectiveBuffer.
+  uint64_t registered = 0;
+  TROUPE_MESSAGE_NAMED(RunAllReduce, "test.coll.RunAllReduce", count, dtype, op, kind, root, odd_rank, odd_count,
+                       registered);
 };
 /// Starts `copies` collectives at once on separate buffers of `count`
 /// floats (allreduce sums and allgathers, alternating; copy k's values
@@ -67,7 +71,8 @@ struct MyHost {
 /// How the chunks of the member's group came to its process: {in slots, in
 /// messages, reduced straight into the next rank's slot, collectives done
 /// through a host arena, of those the ones that also went between hosts,
-/// bytes received in messages}.
+/// bytes received in messages, pipelined pieces, arena stages that read a
+/// CollectiveBuffer in place}.
 struct ChunkCounts {
   TROUPE_MESSAGE_NAMED(ChunkCounts, "test.coll.ChunkCounts");
 };
@@ -99,7 +104,7 @@ class Reducer : public troupe::Actor<Reducer, SetGroup, RunAllReduce, RunAtOnce,
           if (!r) return reply.fail(r.error());
           reply.complete(std::vector<uint64_t>{r->chunks_in_slots, r->chunks_in_messages, r->reduced_into_slots,
                                                r->arena_collectives, r->hierarchical_collectives,
-                                               r->bytes_in_messages, r->pipelined_pieces});
+                                               r->bytes_in_messages, r->pipelined_pieces, r->arena_in_place});
         });
     return reply;
   }
@@ -151,25 +156,36 @@ class Reducer : public troupe::Actor<Reducer, SetGroup, RunAllReduce, RunAtOnce,
       if (kind == troupe::CollectiveKind::broadcast) return group_.rank == m.root;
       return true;
     };
-    if (dtype == DType::float32) {
-      f32_.assign(n, 0.0f);
-      for (size_t i = 0; i < n; ++i) {
-        if (contributes(i)) f32_[i] = static_cast<float>(pattern(group_.rank, i));
+    // Either buffer holds 4-byte elements: float32 or int32.
+    void* data = nullptr;
+    if ((m.registered >> group_.rank & 1) != 0 && n > 0) {
+      auto b = troupe::CollectiveBuffer::allocate(n * 4);
+      if (!b) {
+        reply.fail(b.error());
+        return reply;
       }
+      shared_ = std::move(*b);
+      data = shared_.data();
     } else {
-      i32_.assign(n, 0);
-      for (size_t i = 0; i < n; ++i) {
-        if (contributes(i)) i32_[i] = static_cast<int32_t>(pattern(group_.rank, i) * 2);
+      f32_.assign(n, 0.0f);
+      data = f32_.data();
+    }
+    auto* f32 = static_cast<float*>(data);
+    auto* i32 = static_cast<int32_t*>(data);
+    for (size_t i = 0; i < n; ++i) {
+      if (dtype == DType::float32) {
+        f32[i] = contributes(i) ? static_cast<float>(pattern(group_.rank, i)) : 0.0f;
+      } else {
+        i32[i] = contributes(i) ? static_cast<int32_t>(pattern(group_.rank, i) * 2) : 0;
       }
     }
-    void* data = dtype == DType::float32 ? static_cast<void*>(f32_.data()) : static_cast<void*>(i32_.data());
     ask<void>(group_.engine(self()),
               troupe::Collective{group_.id, group_.rank, data, n, dtype, static_cast<ReduceOp>(m.op), kind, m.root},
               60s)
-        .then([this, reply, dtype, n](troupe::Result<void> r) mutable {
+        .then([reply, dtype, n, f32, i32](troupe::Result<void> r) mutable {
           if (!r) return reply.fail(r.error());
           std::vector<double> out(n);
-          for (size_t i = 0; i < n; ++i) out[i] = dtype == DType::float32 ? f32_[i] : i32_[i];
+          for (size_t i = 0; i < n; ++i) out[i] = dtype == DType::float32 ? f32[i] : i32[i];
           reply.complete(std::move(out));
         });
     return reply;
@@ -177,8 +193,8 @@ class Reducer : public troupe::Actor<Reducer, SetGroup, RunAllReduce, RunAtOnce,
 
  private:
   troupe::CollectiveGroup group_;
-  std::vector<float> f32_;
-  std::vector<int32_t> i32_;
+  std::vector<float> f32_;               // an ordinary buffer, or
+  troupe::CollectiveBuffer shared_;      // one read in place by the host's other ranks
 };
 
 /// How many mappings of collective shared memory (arenas, ring slots)
@@ -234,8 +250,9 @@ std::map<std::string, size_t> members_per_host(const troupe::ActorMesh<Reducer>&
 }
 
 /// Runs every kind of collective on `view` (its group given) for a few
-/// sizes, types and ops, checking every member's result.
-void check_every_kind(const troupe::ActorMesh<Reducer>& view) {
+/// sizes, types and ops, checking every member's result; `registered`: the
+/// ranks whose buffers are CollectiveBuffers (RunAllReduce::registered).
+void check_every_kind(const troupe::ActorMesh<Reducer>& view, uint64_t registered = 0) {
   auto n = static_cast<uint32_t>(view.size());
   using troupe::CollectiveKind;
   struct Case {
@@ -261,7 +278,7 @@ void check_every_kind(const troupe::ActorMesh<Reducer>& view) {
     INFO("kind " << static_cast<int>(k.kind) << ": count " << k.count << " dtype " << troupe::dtype_name(k.dtype)
                  << " op " << troupe::op_name(k.op) << " root " << k.root);
     auto results = view.call(RunAllReduce{k.count, static_cast<uint8_t>(k.dtype), static_cast<uint8_t>(k.op),
-                                          static_cast<uint8_t>(k.kind), k.root},
+                                          static_cast<uint8_t>(k.kind), k.root, UINT32_MAX, 0, registered},
                              60s);
     INFO((results.ok() ? std::string("ok") : results.errors()[0].second.to_string()));
     REQUIRE(results.ok());
@@ -512,9 +529,12 @@ TEST_CASE("collectives: allreduce across 8 processes matches the reference for s
 TEST_CASE("collectives: a member's process killed during an allreduce fails it on every survivor, a new group "
           "works once it is back",
           "[cluster][collectives]") {
-  // On one host (one arena), and on two (arenas, and rings between them).
+  // On one host (one arena), and on two (arenas, and rings between them);
+  // with ordinary buffers, and with CollectiveBuffers read in place by the
+  // other ranks (the victim's too: its memory stays mapped by them).
   const bool two_hosts = GENERATE(false, true);
-  INFO((two_hosts ? "two hosts" : "one host"));
+  const bool in_place = GENERATE(false, true);
+  INFO((two_hosts ? "two hosts" : "one host") << (in_place ? ", buffers read in place" : ""));
   auto cluster = two_hosts ? std::make_unique<CollectiveCluster>(std::vector<std::string>{"host-a", "host-b"})
                            : std::make_unique<CollectiveCluster>();
   CollectiveCluster& c = *cluster;
@@ -525,7 +545,8 @@ TEST_CASE("collectives: a member's process killed during an allreduce fails it o
   // Seven members start; the eighth never will: its process is killed.
   auto seven = c.mesh.flatten("members").range("members", 0, 7).value();
   auto stream = seven.stream(RunAllReduce{100'000, static_cast<uint8_t>(DType::float32),
-                                          static_cast<uint8_t>(ReduceOp::sum)},
+                                          static_cast<uint8_t>(ReduceOp::sum), 0, 0, UINT32_MAX, 0,
+                                          in_place ? uint64_t{0xff} : 0},
                              60s);
   REQUIRE(::kill(static_cast<pid_t>(victim), SIGKILL) == 0);
   size_t failed = 0;
@@ -543,9 +564,13 @@ TEST_CASE("collectives: a member's process killed during an allreduce fails it o
   REQUIRE(back.has_value());
   CHECK(*back != victim);
   c.give_groups(c.mesh);
-  auto again = c.mesh.call(RunAllReduce{1001, static_cast<uint8_t>(DType::float32), static_cast<uint8_t>(ReduceOp::sum)});
+  auto again = c.mesh.call(RunAllReduce{100'000, static_cast<uint8_t>(DType::float32),
+                                        static_cast<uint8_t>(ReduceOp::sum), 0, 0, UINT32_MAX, 0,
+                                        in_place ? uint64_t{0xff} : 0});
   REQUIRE(again.ok());
-  for (size_t i = 0; i < 1001; ++i) CHECK((*again[7])[i] == expected(DType::float32, ReduceOp::sum, 8, i));
+  size_t wrong = 0;
+  for (size_t i = 0; i < 100'000; ++i) wrong += (*again[7])[i] != expected(DType::float32, ReduceOp::sum, 8, i);
+  CHECK(wrong == 0);
 }
 
 TEST_CASE("collectives: ranks on one host go through the arena, or the ring's shared-memory slots, or messages, as "
@@ -706,4 +731,34 @@ TEST_CASE("collectives: a released group fails its collectives in progress and l
   for (size_t m = 0; m < 8; ++m) CHECK(shared_mappings(pids[m]) > 0);
   REQUIRE(c.mesh.release_group(ring[0]).ok());
   for (size_t m = 0; m < 8; ++m) CHECK(shared_mappings(pids[m]) == 0);
+}
+
+TEST_CASE("collectives: members' CollectiveBuffers are read in place by the other processes of their host, every "
+          "kind matching the reference, beside ordinary buffers",
+          "[cluster][collectives][in_place]") {
+  // One host (one arena of 8), and two (arenas of 4, rings between them).
+  const bool two_hosts = GENERATE(false, true);
+  INFO((two_hosts ? "two hosts" : "one host"));
+  auto cluster = two_hosts ? std::make_unique<CollectiveCluster>(std::vector<std::string>{"host-a", "host-b"})
+                           : std::make_unique<CollectiveCluster>();
+  CollectiveCluster& c = *cluster;
+  c.give_groups(c.mesh);
+  // Every rank's buffer shared; then only the odd ranks'.
+  for (uint64_t registered : {uint64_t{0xff}, uint64_t{0xaa}}) {
+    INFO("registered ranks 0x" << std::hex << registered);
+    auto before = c.mesh.call(ChunkCounts{});
+    REQUIRE(before.ok());
+    check_every_kind(c.mesh, registered);
+    auto after = c.mesh.call(ChunkCounts{});
+    REQUIRE(after.ok());
+    for (size_t m = 0; m < 8; ++m) {
+      INFO("member " << m);
+      // Past 64 KiB (kInPlaceMinBytes), every collective but the barrier
+      // read some rank's buffer in place: the 300,001-, 100,003-, 70,001- and
+      // 50,000-element ones (an allreduce over two hosts has two arena
+      // stages, a reduce_scatter one, and an allgather one).
+      uint64_t in_place = (*after[m])[7] - (*before[m])[7];
+      CHECK(in_place == (two_hosts ? 5u : 4u));
+    }
+  }
 }

@@ -9,6 +9,14 @@
 // same element functions and bfloat16 rounding, checked against double
 // references in collectives_algo_test.cc), so results are compared bit for
 // bit.
+//
+// Ranks whose buffers lie in CollectiveBuffers (read in place by the
+// others) run beside ranks with ordinary buffers, on threads (found in this
+// process's registry) and in forked processes (each maps the others'
+// buffers).
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <chrono>
 #include <cstring>
 #include <random>
@@ -21,6 +29,7 @@
 #include "collectives/host_arena.h"
 #include "collectives/reduce.h"
 #include "collectives/ring.h"
+#include "troupe/collective_buffer.h"
 
 using namespace std::chrono_literals;
 using troupe::CollectiveKind;
@@ -119,10 +128,51 @@ struct Arenas {
   }
 };
 
+/// Which ranks' buffers are CollectiveBuffers, and where in them the data
+/// starts (elements past the buffer's first byte).
+struct Placement {
+  std::vector<bool> registered = {};
+  size_t offset_elems = 0;
+};
+
+/// Runs case `k` (number `c` of a sequence seeded `seed`) as rank `r` on
+/// `arena`: its buffer a CollectiveBuffer or ordinary memory per `where`.
+/// The elements that differ from the reference, or the error.
+troupe::Result<size_t> run_case(HostArena& arena, ArenaRank& me, const Case& k, uint64_t seed, uint32_t n,
+                                const Placement& where) {
+  const uint32_t r = me.rank;
+  std::vector<std::vector<std::byte>> in;
+  for (uint32_t q = 0; q < n; ++q) in.push_back(input(k, q, seed));
+  size_t width = troupe::dtype_size(k.dtype);
+  std::vector<std::byte> plain;
+  troupe::CollectiveBuffer shared;
+  std::byte* data = nullptr;
+  if (r < where.registered.size() && where.registered[r]) {
+    // Room before and after the data: a span inside a larger buffer.
+    shared = troupe::CollectiveBuffer::allocate((where.offset_elems + k.count + 3) * width).value();
+    data = shared.data() + where.offset_elems * width;
+  } else {
+    plain.resize(std::max<size_t>(1, k.count) * width);
+    data = plain.data();
+  }
+  std::memcpy(data, in[r].data(), k.count * width);
+  ArenaCall call{k.kind, data, k.count, k.dtype, k.op, k.root, signature_of(k), "a test collective", k.segments};
+  auto done = arena.run(me, call, std::chrono::steady_clock::now() + 60s);
+  if (!done) return troupe::error(done.error());
+  std::vector<bool> valid;
+  std::vector<std::byte> want = expected(k, in, r, valid);
+  size_t wrong = 0;
+  for (size_t i = 0; i < k.count; ++i) {
+    wrong += valid[i] && std::memcmp(data + i * width, want.data() + i * width, width) != 0;
+  }
+  return wrong;
+}
+
 /// Runs `cases` in order on every rank, each rank on its own thread, and
 /// counts the elements (over all ranks and cases) that differ from the
 /// reference; `errors` gets the first error of each rank.
-size_t run_all(Arenas& a, const std::vector<Case>& cases, uint64_t seed, std::vector<std::string>& errors) {
+size_t run_all(Arenas& a, const std::vector<Case>& cases, uint64_t seed, std::vector<std::string>& errors,
+               const Placement& where = {}) {
   uint32_t n = static_cast<uint32_t>(a.mapped.size());
   std::vector<size_t> wrong(n, 0);
   errors.assign(n, "");
@@ -130,23 +180,12 @@ size_t run_all(Arenas& a, const std::vector<Case>& cases, uint64_t seed, std::ve
   for (uint32_t r = 0; r < n; ++r) {
     threads.emplace_back([&, r] {
       for (size_t c = 0; c < cases.size(); ++c) {
-        const Case& k = cases[c];
-        std::vector<std::vector<std::byte>> in;
-        for (uint32_t q = 0; q < n; ++q) in.push_back(input(k, q, seed + c));
-        std::vector<std::byte> buf = in[r];
-        ArenaCall call{k.kind, buf.data(), k.count, k.dtype, k.op, k.root, signature_of(k), "a test collective",
-                       k.segments};
-        auto done = a.mapped[r].run(a.ranks[r], call, std::chrono::steady_clock::now() + 60s);
+        auto done = run_case(a.mapped[r], a.ranks[r], cases[c], seed + c, n, where);
         if (!done) {
           errors[r] = done.error().to_string();
           return;
         }
-        std::vector<bool> valid;
-        std::vector<std::byte> want = expected(k, in, r, valid);
-        size_t width = troupe::dtype_size(k.dtype);
-        for (size_t i = 0; i < k.count; ++i) {
-          wrong[r] += valid[i] && std::memcmp(buf.data() + i * width, want.data() + i * width, width) != 0;
-        }
+        wrong[r] += *done;
       }
     });
   }
@@ -154,6 +193,25 @@ size_t run_all(Arenas& a, const std::vector<Case>& cases, uint64_t seed, std::ve
   size_t total = 0;
   for (size_t w : wrong) total += w;
   return total;
+}
+
+/// Every kind, type and op at sizes past kInPlaceMinBytes for every type
+/// (and one below it), on `n` ranks; `segments` as in Case.
+std::vector<Case> in_place_cases(uint32_t n, const std::vector<std::vector<ElemRange>>& segments = {}) {
+  std::vector<Case> cases;
+  for (DType dtype : {DType::float32, DType::bfloat16, DType::int64}) {
+    for (size_t count : {size_t{1001}, size_t{40'001}, size_t{100'003}}) {
+      if (!segments.empty() && count != 40'001) continue;
+      for (ReduceOp op : {ReduceOp::sum, ReduceOp::avg, ReduceOp::max}) {
+        cases.push_back(Case{CollectiveKind::allreduce, count, dtype, op, 0, segments});
+        cases.push_back(Case{CollectiveKind::reduce_scatter, count, dtype, op, 0, segments});
+      }
+      cases.push_back(Case{CollectiveKind::allgather, count, dtype, ReduceOp::sum, 0, segments});
+      if (segments.empty()) cases.push_back(Case{CollectiveKind::broadcast, count, dtype, ReduceOp::sum, n - 1});
+      cases.push_back(Case{CollectiveKind::barrier, 0, dtype, ReduceOp::sum});
+    }
+  }
+  return cases;
 }
 
 }  // namespace
@@ -327,4 +385,87 @@ TEST_CASE("host arena: slots are bounded in all and at least a page per rank", "
   CHECK(HostArena::slot_bytes_for(64, 4 << 20) == 256 << 10);
   CHECK(HostArena::slot_bytes_for(4, 1) == 4 * 4096);
   CHECK(HostArena::slot_bytes_for(3, 5000) % 4096 == 0);
+}
+
+TEST_CASE("host arena: buffers read in place match the reference bit for bit, alone or beside ordinary buffers",
+          "[collectives][arena][in_place]") {
+  for (uint32_t n : {2u, 3u, 4u, 8u}) {
+    std::vector<Placement> placements{
+        {std::vector<bool>(n, true)},                        // every rank in place
+        {std::vector<bool>(n, true), 5},                     // at an offset in a larger buffer
+        {[&] { std::vector<bool> v(n, false); v[0] = true; return v; }()},  // one rank only
+        {[&] { std::vector<bool> v(n); for (uint32_t q = 0; q < n; ++q) v[q] = q % 2 == 1; return v; }()},
+    };
+    for (uint64_t chunk : {uint64_t{4096}, uint64_t{1} << 20}) {
+      for (size_t p = 0; p < placements.size(); ++p) {
+        INFO(n << " ranks, chunk " << chunk << ", placement " << p);
+        Arenas a(n, chunk);
+        std::vector<std::string> errors;
+        CHECK(run_all(a, in_place_cases(n), n * 11 + p, errors, placements[p]) == 0);
+        for (auto& e : errors) CHECK(e.empty());
+        // Every collective past the size for it went in place, on every rank
+        // (each reads some registered buffer), and none below it.
+        size_t big = 0;
+        for (const Case& k : in_place_cases(n)) big += k.count * troupe::dtype_size(k.dtype) >= kInPlaceMinBytes;
+        for (const ArenaRank& me : a.ranks) CHECK(me.in_place_calls == big);
+      }
+    }
+  }
+  // Segments laid out as runs (a host's column share), in place.
+  const size_t count = 40'001;
+  std::vector<std::vector<ElemRange>> columns(4);
+  for (uint32_t q = 0; q < 4; ++q) columns[q] = {ring_segment(count, 8, q), ring_segment(count, 8, q + 4)};
+  for (bool all : {true, false}) {
+    INFO((all ? "every rank in place" : "ranks 1 and 2 in place"));
+    Arenas a(4, 4096);
+    std::vector<std::string> errors;
+    Placement where{all ? std::vector<bool>(4, true) : std::vector<bool>{false, true, true, false}};
+    CHECK(run_all(a, in_place_cases(4, columns), 77, errors, where) == 0);
+    for (auto& e : errors) CHECK(e.empty());
+  }
+}
+
+TEST_CASE("host arena: ranks in separate processes read each other's buffers in place, mapping and unmapping them",
+          "[collectives][arena][in_place]") {
+  // 4 processes (forked), each maps the arena and the others' buffers: a
+  // fresh buffer per collective, so every rank's mappings of its peers'
+  // buffers turn over past kPeerBuffersKept. The exit status is the number
+  // of wrong elements (capped), 255 for an error.
+  const uint32_t n = 4;
+  HostArena made = HostArena::create(n, 256 << 10).value();
+  std::vector<Case> cases = in_place_cases(n);
+  std::vector<pid_t> children;
+  for (uint32_t r = 0; r < n; ++r) {
+    pid_t pid = ::fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+      auto arena = HostArena::open(made.offer(), n);
+      if (!arena) ::_exit(255);
+      ArenaRank me{r};
+      size_t wrong = 0;
+      for (const Placement& where : {Placement{{true, false, true, true}}, Placement{std::vector<bool>(n, true), 3}}) {
+        for (size_t c = 0; c < cases.size(); ++c) {
+          auto done = run_case(*arena, me, cases[c], 500 + c, n, where);
+          if (!done) {
+            std::fprintf(stderr, "rank %u: %s\n", r, done.error().to_string().c_str());
+            ::_exit(255);
+          }
+          wrong += *done;
+        }
+      }
+      // Peers' buffers were read in place, mapped here, and the mappings
+      // kept are bounded: at most kPeerBuffersKept of each peer.
+      if (me.in_place_calls == 0 || me.peer_buffers.empty()) ::_exit(253);
+      if (me.peer_buffers.size() > kPeerBuffersKept * (n - 1)) ::_exit(254);
+      ::_exit(static_cast<int>(std::min<size_t>(wrong, 250)));
+    }
+    children.push_back(pid);
+  }
+  for (uint32_t r = 0; r < n; ++r) {
+    int status = 0;
+    REQUIRE(::waitpid(children[r], &status, 0) == children[r]);
+    INFO("rank " << r);
+    REQUIRE(WIFEXITED(status));
+    CHECK(WEXITSTATUS(status) == 0);
+  }
 }

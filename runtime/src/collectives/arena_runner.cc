@@ -53,8 +53,9 @@ void ArenaRunner::loop() {
     Job job = std::move(jobs_.front());
     jobs_.pop_front();
     lock.unlock();
+    uint64_t in_place_before = me_.in_place_calls;
     auto result = arena_.run(me_, job.call, job.deadline);
-    done_(job.seq, result ? Status() : result.error());
+    done_(job.seq, result ? Status() : result.error(), me_.in_place_calls != in_place_before);
     lock.lock();
   }
 }

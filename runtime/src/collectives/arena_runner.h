@@ -21,8 +21,9 @@ namespace troupe::collectives {
 class ArenaRunner {
  public:
   /// Called on the runner's thread as each collective ends: done, or why
-  /// not (HostArena::run's errors).
-  using Done = std::function<void(uint64_t seq, Status status)>;
+  /// not (HostArena::run's errors); `in_place`: it read some rank's
+  /// CollectiveBuffer in place.
+  using Done = std::function<void(uint64_t seq, Status status, bool in_place)>;
 
   /// Runs rank `rank`'s collectives on `arena`, which must outlive it.
   ArenaRunner(HostArena& arena, uint32_t rank, Done done);

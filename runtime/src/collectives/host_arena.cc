@@ -1,11 +1,13 @@
 #include "collectives/host_arena.h"
 
 #include <linux/futex.h>
+#include <signal.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <climits>
 #include <cstring>
 #include <new>
@@ -15,6 +17,8 @@
 #include <immintrin.h>
 #endif
 
+#include "collectives/buffer_registry.h"
+#include "collectives/host_id.h"
 #include "collectives/reduce.h"
 #include "collectives/ring.h"
 
@@ -96,6 +100,19 @@ ElemRange piece_of(size_t count, size_t ranks, size_t segment, size_t round, siz
 
 }  // namespace
 
+/// Where a rank's buffer is, for the others to read it in place: its
+/// CollectiveBuffer's segment and the buffer's offset in it. pid 0: not
+/// registered (or too small to be worth it): read it from the rank's slot.
+/// Plain words, written before the rank counts its first phase of a call
+/// and read after that count.
+struct HostArena::BufferAt {
+  int64_t pid;
+  int32_t fd;
+  uint64_t cookie;
+  uint64_t slot_bytes;
+  uint64_t offset_bytes;
+};
+
 /// The first slot of the segment: a head, then one line per rank. Counters
 /// are on lines of their own: each is written by one rank and polled by all
 /// the others.
@@ -110,6 +127,7 @@ struct HostArena::Control {
     std::atomic<uint32_t> progress;  // phases counted; the futex word
     std::atomic<uint32_t> waiters;   // ranks sleeping on `progress`
     std::atomic<uint64_t> signature[2];  // by call parity: a rank is at most one call ahead of another
+    BufferAt buffer[2];                  // by call parity, as the signature
   };
   Head head;
 
@@ -139,7 +157,7 @@ Result<HostArena> HostArena::create(uint32_t ranks, uint64_t chunk_bytes) {
   std::byte* base = a.segment_.slot(0);
   new (base) Control::Head{kMagic, ranks, slot_bytes, {0}};
   auto* rank_words = reinterpret_cast<Control::Rank*>(base + sizeof(Control::Head));
-  for (uint32_t r = 0; r < ranks; ++r) new (rank_words + r) Control::Rank{{0}, {0}, {{0}, {0}}};
+  for (uint32_t r = 0; r < ranks; ++r) new (rank_words + r) Control::Rank{{0}, {0}, {{0}, {0}}, {}};
   return a;
 }
 
@@ -229,6 +247,43 @@ Result<void> HostArena::wait_all(const ArenaRank& me, std::chrono::steady_clock:
   return {};
 }
 
+Result<std::byte*> HostArena::peer_data(ArenaRank& me, uint32_t q, const BufferAt& at, size_t bytes) {
+  auto bad = [&](const std::string& why) {
+    return error(ErrorCode::unsupported, "collectives: rank " + std::to_string(me.rank) + " cannot read rank " +
+                                             std::to_string(q) + "'s CollectiveBuffer in place: " + why);
+  };
+  if (at.offset_bytes > at.slot_bytes || bytes > at.slot_bytes - at.offset_bytes) {
+    return bad("it says its " + std::to_string(bytes) + " bytes are at " + std::to_string(at.offset_bytes) +
+               " of a " + std::to_string(at.slot_bytes) + "-byte buffer");
+  }
+  if (at.pid == static_cast<int64_t>(::getpid())) {  // a rank of this process: no second mapping
+    std::byte* base = registered_base(at.cookie);
+    if (base == nullptr) return bad("it was freed during the collective");
+    return base + at.offset_bytes;
+  }
+  auto& kept = me.peer_buffers;
+  auto it = std::find_if(kept.begin(), kept.end(), [&](const PeerBuffer& b) { return b.rank == q && b.cookie == at.cookie; });
+  if (it == kept.end()) {
+    auto segment = SlotSegment::open(SlotsOffer{at.pid, at.fd, at.cookie, 1, at.slot_bytes, host_id()},
+                                     SlotSegment::Access::read_only);
+    if (!segment) {
+      if (::kill(static_cast<pid_t>(at.pid), 0) != 0 && errno == ESRCH) {
+        return error(ErrorCode::peer_lost, "collectives: rank " + std::to_string(q) + "'s process (pid " +
+                                               std::to_string(at.pid) + ") is gone");
+      }
+      return bad(segment.error().message());
+    }
+    size_t of_q = static_cast<size_t>(std::count_if(kept.begin(), kept.end(), [&](const PeerBuffer& b) { return b.rank == q; }));
+    if (of_q >= kPeerBuffersKept) {
+      kept.erase(std::find_if(kept.begin(), kept.end(), [&](const PeerBuffer& b) { return b.rank == q; }));
+    }
+    kept.push_back(PeerBuffer{q, at.cookie, std::move(*segment)});
+  } else if (it + 1 != kept.end()) {  // most recently used last
+    std::rotate(it, it + 1, kept.end());
+  }
+  return kept.back().segment.slot(0) + at.offset_bytes;
+}
+
 Result<void> HostArena::run(ArenaRank& me, const ArenaCall& call, std::chrono::steady_clock::time_point deadline) {
   if (broken()) {
     return error(ErrorCode::peer_lost, "collectives: the group's arena was broken (a rank failed or left)");
@@ -257,9 +312,10 @@ Result<void> HostArena::run(ArenaRank& me, const ArenaCall& call, std::chrono::s
   } else if (call.kind != CollectiveKind::barrier) {
     rounds = std::max<size_t>(1, (longest + piece - 1) / piece);
   }
-  const bool stream = call.count_elems * width >= kStreamBytes;
-  auto into_buffer = [&](std::byte* dst, const std::byte* src, size_t bytes) {
-    stream ? copy_streaming(dst, src, bytes) : (void)std::memcpy(dst, src, bytes);
+  const size_t bytes = call.count_elems * width;
+  const bool stream = bytes >= kStreamBytes;
+  auto into_buffer = [&](std::byte* dst, const std::byte* src, size_t len) {
+    stream ? copy_streaming(dst, src, len) : (void)std::memcpy(dst, src, len);
   };
   auto at = [&](const ElemRange& e) { return call.data + e.offset_elems * width; };
   // Piece `t` of segment `q`: fn(its offset in the piece, in elements; the
@@ -280,14 +336,36 @@ Result<void> HostArena::run(ArenaRank& me, const ArenaCall& call, std::chrono::s
     }
   };
   Control* c = control();
-  c->rank(r).signature[me.calls % 2].store(call.signature, std::memory_order_relaxed);
+  const uint64_t parity = me.calls % 2;
+  // Published with the signature: where this rank's buffer is, when the
+  // others can read it in place.
+  BufferAt published{0, -1, 0, 0, 0};
+  if (call.kind != CollectiveKind::barrier && bytes >= kInPlaceMinBytes) {
+    if (auto span = find_registered(call.data, bytes)) {
+      published = BufferAt{span->offer.pid, span->offer.fd, span->offer.cookie, span->offer.slot_bytes, span->offset_bytes};
+    }
+  }
+  const bool in_place = published.pid != 0;
+  c->rank(r).buffer[parity] = published;
+  c->rank(r).signature[parity].store(call.signature, std::memory_order_relaxed);
   std::vector<const std::byte*> srcs(n);
+  // Each rank's buffer as this process sees it, where it is read in place;
+  // nullptr where it goes through the rank's slot. Known after round 0's A.
+  std::vector<const std::byte*> direct(n, nullptr);
+  bool any_direct = false;
 
   for (size_t t = 0; t < rounds; ++t) {
-    const uint64_t parity = (me.rounds + t) % 2;
-    std::byte* mine = slot(parity, r);
-    // A: this rank's data into its slot.
-    if (reduces) {
+    const uint64_t slot_parity = (me.rounds + t) % 2;
+    std::byte* mine = slot(slot_parity, r);
+    // Where rank q's piece at `in_piece` of its position `pos` is: in its
+    // buffer (element range p) or in its slot.
+    auto from = [&](uint32_t q, uint32_t pos, size_t in_piece, const ElemRange& p) {
+      return direct[q] != nullptr ? direct[q] + p.offset_elems * width
+                                  : slot(slot_parity, q) + pos * position_bytes_ + in_piece * width;
+    };
+    // A: this rank's data into its slot (not when read in place).
+    if (in_place) {
+    } else if (reduces) {
       for (uint32_t q = 0; q < n; ++q) {
         for_piece(q, t, [&](size_t in_piece, ElemRange p) {
           std::memcpy(mine + q * position_bytes_ + in_piece * width, at(p), p.len_elems * width);
@@ -306,20 +384,35 @@ Result<void> HostArena::run(ArenaRank& me, const ArenaCall& call, std::chrono::s
     if (auto ok = wait_all(me, deadline); !ok) return ok;
     if (t == 0) {
       for (uint32_t q = 0; q < n; ++q) {
-        if (c->rank(q).signature[me.calls % 2].load(std::memory_order_relaxed) == call.signature) continue;
+        if (c->rank(q).signature[parity].load(std::memory_order_relaxed) == call.signature) continue;
         return error(ErrorCode::invalid_argument,
                      "collectives: the ranks of the group disagree: rank " + std::to_string(q) +
                          " is in another collective than rank " + std::to_string(r) + "'s " + call.what +
                          "; every rank must call the same collectives (kind, count, type, op, root) in the same order");
       }
+      for (uint32_t q = 0; q < n; ++q) {
+        const BufferAt theirs = c->rank(q).buffer[parity];
+        if (theirs.pid == 0) continue;
+        any_direct = true;
+        if (q == r) {
+          direct[q] = call.data;
+          continue;
+        }
+        // A failure here fails this rank's collective; its engine breaks
+        // the group with the reason, which releases the others at once.
+        auto data = peer_data(me, q, theirs, bytes);
+        if (!data) return error(data.error());
+        direct[q] = *data;
+      }
     }
-    // B: this rank's position of every slot, folded in rank order: into
-    // its own slot (allreduce, for the others to copy) or its buffer.
+    // B: this rank's position of every rank's data, folded in rank order:
+    // into its own slot (allreduce, for the others to copy) or its buffer.
     if (reduces) {
       for_piece(r, t, [&](size_t in_piece, ElemRange p) {
-        for (uint32_t q = 0; q < n; ++q) srcs[q] = slot(parity, q) + r * position_bytes_ + in_piece * width;
-        std::byte* dst =
-            call.kind == CollectiveKind::allreduce ? mine + r * position_bytes_ + in_piece * width : at(p);
+        for (uint32_t q = 0; q < n; ++q) srcs[q] = from(q, r, in_piece, p);
+        std::byte* dst = call.kind == CollectiveKind::allreduce && !in_place
+                             ? mine + r * position_bytes_ + in_piece * width
+                             : at(p);
         reduce_many(call.dtype, call.op, dst, srcs.data(), n, p.len_elems);
         if (call.op == ReduceOp::avg) finish_avg(call.dtype, dst, p.len_elems, n);
       });
@@ -329,18 +422,28 @@ Result<void> HostArena::run(ArenaRank& me, const ArenaCall& call, std::chrono::s
     if (call.kind == CollectiveKind::allreduce || call.kind == CollectiveKind::allgather) {
       for (uint32_t k = 0; k < n; ++k) {
         uint32_t q = (r + k) % n;  // its own first: ready without a wait
-        if (q == r && call.kind == CollectiveKind::allgather) continue;
+        if (q == r && (call.kind == CollectiveKind::allgather || in_place)) continue;
         if (q != r && call.kind == CollectiveKind::allreduce) {
           if (auto ok = wait_for(q, me.phase, deadline); !ok) return ok;
         }
         for_piece(q, t, [&](size_t in_piece, ElemRange p) {
-          into_buffer(at(p), slot(parity, q) + q * position_bytes_ + in_piece * width, p.len_elems * width);
+          into_buffer(at(p), from(q, q, in_piece, p), p.len_elems * width);
         });
       }
     } else if (call.kind == CollectiveKind::broadcast && r != call.root) {
       size_t begin = std::min(call.count_elems, t * piece * n);
       size_t len = std::min(call.count_elems - begin, piece * n);
-      into_buffer(call.data + begin * width, slot(parity, call.root), len * width);
+      const std::byte* src = direct[call.root] != nullptr ? direct[call.root] + begin * width : slot(slot_parity, call.root);
+      into_buffer(call.data + begin * width, src, len * width);
+    }
+  }
+  // The closing phase: a buffer others read in place is its caller's again
+  // only once they are done with it.
+  if (any_direct) {
+    ++me.in_place_calls;
+    count_phase(me);
+    if (in_place) {
+      if (auto ok = wait_all(me, deadline); !ok) return ok;
     }
   }
   me.rounds += rounds;

@@ -23,6 +23,18 @@
 // own segment only) and C; broadcast is the root's A (the whole buffer, in
 // pieces) and everyone else's C; barrier is one empty A.
 //
+// In place: a rank whose buffer lies in a CollectiveBuffer (shared memory,
+// troupe/collective_buffer.h) publishes where it is with its signature, and
+// the others map it read-only (once: each rank keeps a few of every peer's
+// buffers mapped) and read its data there instead of from its slot. Such a
+// rank skips A's copies, folds its own positions in B straight into its
+// buffer, and takes nothing back from its slot in C; ranks with ordinary
+// buffers go through their slots as before, beside it. The phases are the
+// same, so are the results, bit for bit: only where each piece is read
+// from changes. One more phase at the end, counted by all when any rank's
+// buffer is read in place: a rank whose buffer others read returns only
+// once all have counted it (its caller may then write the buffer again).
+//
 // Reuse without a phase for it: a rank writes a slot again two rounds
 // later, after every rank has counted the A of the round in between, which
 // each counts only after its B and C of the round before, which are all the
@@ -73,15 +85,37 @@ struct ArenaCall {
   std::vector<std::vector<ElemRange>> segments;
 };
 
+/// A peer's CollectiveBuffer as a rank has it mapped (read-only).
+struct PeerBuffer {
+  uint32_t rank = 0;
+  uint64_t cookie = 0;
+  SlotSegment segment;
+};
+
 /// Where one rank is in the arena's sequence: its own counter, the rounds
-/// and the collectives it has done. One per rank, used by one thread at a
-/// time, starting from zero when the arena is new.
+/// and the collectives it has done, and the peers' buffers it has mapped.
+/// One per rank, used by one thread at a time, starting from zero when the
+/// arena is new.
 struct ArenaRank {
   uint32_t rank = 0;
   uint32_t phase = 0;
   uint64_t rounds = 0;
   uint64_t calls = 0;
+  /// Collectives in which this rank read some rank's buffer in place.
+  uint64_t in_place_calls = 0;
+  /// Least recently used first; at most kPeerBuffersKept per peer.
+  std::vector<PeerBuffer> peer_buffers = {};
 };
+
+/// Buffers of one peer a rank keeps mapped: enough for a trainer's
+/// gradients and parameters and a spare; an older one is unmapped (and
+/// freed, if its owner has freed it) when a newer one comes.
+inline constexpr size_t kPeerBuffersKept = 4;
+
+/// Collectives of fewer bytes go through the slots even from a
+/// CollectiveBuffer: in place they would cost the closing phase and save
+/// a copy that is in cache anyway.
+inline constexpr size_t kInPlaceMinBytes = size_t{64} << 10;
 
 /// The control block and slots of a host-local group, mapped in this
 /// process. Move-only; unmapping leaves the memory to the other ranks'
@@ -133,6 +167,10 @@ class HostArena {
   /// Waits until rank `rank` has counted `phase` phases.
   Result<void> wait_for(uint32_t rank, uint32_t phase, std::chrono::steady_clock::time_point deadline);
   Result<void> wait_all(const ArenaRank& me, std::chrono::steady_clock::time_point deadline);
+  struct BufferAt;
+  /// Where rank `q`'s buffer (published as `at`, `bytes` of it) is in this
+  /// process: mapped (or found, in this process) on first use.
+  Result<std::byte*> peer_data(ArenaRank& me, uint32_t q, const BufferAt& at, size_t bytes);
 
   SlotSegment segment_;
   uint32_t ranks_ = 0;

@@ -29,8 +29,9 @@ struct Header {
 static_assert(sizeof(Header) <= kPageBytes);
 
 /// A bound on one segment, so that a bad offer cannot make a process map
-/// (or a bad argument create) an absurd amount of memory.
-constexpr uint64_t kMaxSegmentBytes = uint64_t{1} << 32;
+/// (or a bad argument create) an absurd amount of memory: 1 TiB, the
+/// largest CollectiveBuffer.
+constexpr uint64_t kMaxSegmentBytes = uint64_t{1} << 40;
 
 std::string errno_text() { return std::strerror(errno); }
 
@@ -65,14 +66,14 @@ void SlotSegment::release() {
   map_bytes_ = 0;
 }
 
-Result<SlotSegment> SlotSegment::create(uint32_t slots, uint64_t slot_bytes) {
+Result<SlotSegment> SlotSegment::create(uint32_t slots, uint64_t slot_bytes, const char* name) {
   slot_bytes = round_up_pages(slot_bytes);
   if (slots == 0 || slot_bytes == 0 || slot_bytes * slots > kMaxSegmentBytes) {
     return error(ErrorCode::invalid_argument, "collectives: a slot segment of " + std::to_string(slots) + " x " +
                                                   std::to_string(slot_bytes) + " bytes is out of bounds");
   }
   SlotSegment s;
-  s.fd_ = ::memfd_create("troupe-collective-slots", MFD_CLOEXEC);
+  s.fd_ = ::memfd_create(name, MFD_CLOEXEC);
   if (s.fd_ < 0) return error(ErrorCode::unsupported, "collectives: memfd_create: " + errno_text());
   s.map_bytes_ = kPageBytes + slot_bytes * slots;
   if (::ftruncate(s.fd_, static_cast<off_t>(s.map_bytes_)) != 0) {
@@ -92,7 +93,7 @@ Result<SlotSegment> SlotSegment::create(uint32_t slots, uint64_t slot_bytes) {
   return s;
 }
 
-Result<SlotSegment> SlotSegment::open(const SlotsOffer& offer) {
+Result<SlotSegment> SlotSegment::open(const SlotsOffer& offer, Access access) {
   if (offer.slots == 0 || offer.slot_bytes == 0 || offer.slot_bytes % kPageBytes != 0 ||
       offer.slot_bytes * offer.slots > kMaxSegmentBytes || offer.pid <= 0 || offer.fd < 0) {
     return error(ErrorCode::malformed, "collectives: a slot offer is malformed (" + std::to_string(offer.slots) +
@@ -102,7 +103,8 @@ Result<SlotSegment> SlotSegment::open(const SlotsOffer& offer) {
     return error(ErrorCode::unsupported, "collectives: a segment of host " + offer.host + ", and this is " + host_id());
   }
   std::string path = "/proc/" + std::to_string(offer.pid) + "/fd/" + std::to_string(offer.fd);
-  int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+  const bool writable = access == Access::read_write;
+  int fd = ::open(path.c_str(), (writable ? O_RDWR : O_RDONLY) | O_CLOEXEC);
   if (fd < 0) return error(ErrorCode::unsupported, "collectives: opening " + path + ": " + errno_text());
   SlotSegment s;
   s.map_bytes_ = kPageBytes + offer.slot_bytes * offer.slots;
@@ -113,7 +115,7 @@ Result<SlotSegment> SlotSegment::open(const SlotsOffer& offer) {
     ::close(fd);
     return error(ErrorCode::unsupported, "collectives: " + path + " is not the segment offered");
   }
-  void* p = ::mmap(nullptr, s.map_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  void* p = ::mmap(nullptr, s.map_bytes_, writable ? PROT_READ | PROT_WRITE : PROT_READ, MAP_SHARED, fd, 0);
   ::close(fd);  // the mapping keeps the memory
   if (p == MAP_FAILED) return error(ErrorCode::unsupported, "collectives: mapping " + path + ": " + errno_text());
   s.base_ = static_cast<std::byte*>(p);

@@ -104,14 +104,16 @@ struct OpenArena {
   TROUPE_MESSAGE_NAMED(OpenArena, "troupe.mesh.OpenArena", group, ranks, offer);
 };
 /// A rank's arena runner -> its engine: the arena stage of collective `seq`
-/// of rank `rank` ended (code 0: done; otherwise why not).
+/// of rank `rank` ended (code 0: done; otherwise why not); `in_place`: some
+/// rank's CollectiveBuffer was read where it is.
 struct ArenaDone {
   std::string group;
   uint32_t rank = 0;
   uint64_t seq = 0;
   uint8_t code = 0;
   std::string why;
-  TROUPE_MESSAGE_NAMED(ArenaDone, "troupe.mesh.ArenaDone", group, rank, seq, code, why);
+  bool in_place = false;
+  TROUPE_MESSAGE_NAMED(ArenaDone, "troupe.mesh.ArenaDone", group, rank, seq, code, why, in_place);
 };
 /// Engine -> engine: a ring step's data for rank `to_rank`.
 struct RingChunk {
@@ -165,8 +167,9 @@ struct GroupCounters {
   uint64_t hierarchical_collectives = 0;  // of those, ones whose data also went between hosts
   uint64_t bytes_in_messages = 0;   // data received in messages (between hosts, or without shared memory)
   uint64_t pipelined_pieces = 0;    // pieces of pipelined collectives done
+  uint64_t arena_in_place = 0;      // arena stages that read some rank's CollectiveBuffer in place
   TROUPE_FIELDS(chunks_in_slots, chunks_in_messages, reduced_into_slots, arena_collectives,
-                hierarchical_collectives, bytes_in_messages, pipelined_pieces);
+                hierarchical_collectives, bytes_in_messages, pipelined_pieces, arena_in_place);
 };
 
 /// Receiver -> sender (rank `to_rank`): slot `slot` is free again.
