@@ -47,4 +47,20 @@ inline double us_between(std::chrono::steady_clock::time_point a, std::chrono::s
   return std::chrono::duration<double, std::micro>(b - a).count();
 }
 
+/// memcpy bandwidth of this machine, bytes/s: the best of a few copies of
+/// 256 MiB (the floor the CPU collectives benchmarks report against).
+inline double memcpy_bandwidth() {
+  const size_t bytes = size_t{256} << 20;
+  std::vector<char> a(bytes, 1), b(bytes, 2);
+  double best = 0;
+  for (int i = 0; i < 5; ++i) {
+    auto t0 = std::chrono::steady_clock::now();
+    std::memcpy(b.data(), a.data(), bytes);
+    double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    best = std::max(best, static_cast<double>(bytes) / s);
+    a[static_cast<size_t>(i)] = b[bytes - 1 - static_cast<size_t>(i)];  // keep the copies observable
+  }
+  return best;
+}
+
 }  // namespace troupe::bench

@@ -116,21 +116,6 @@ class Reducer : public troupe::Actor<Reducer, SetGroup, Run, Ping> {
   troupe::CollectiveBuffer shared_;
 };
 
-/// memcpy bandwidth of this machine, bytes/s (best of a few copies of 256 MiB).
-double memcpy_bandwidth() {
-  const size_t bytes = size_t{256} << 20;
-  std::vector<char> a(bytes, 1), b(bytes, 2);
-  double best = 0;
-  for (int i = 0; i < 5; ++i) {
-    auto t0 = Clock::now();
-    std::memcpy(b.data(), a.data(), bytes);
-    double s = std::chrono::duration<double>(Clock::now() - t0).count();
-    best = std::max(best, bytes / s);
-    a[static_cast<size_t>(i)] = b[bytes - 1 - static_cast<size_t>(i)];  // keep the copies observable
-  }
-  return best;
-}
-
 /// One way of making the bench's groups: its name in the metrics and its options.
 struct Path {
   const char* name;
@@ -238,7 +223,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "collectives_bench: %s\n", why.c_str());
     return 1;
   };
-  double memcpy_bps = memcpy_bandwidth();
+  double memcpy_bps = troupe::bench::memcpy_bandwidth();
   troupe::RuntimeConfig cfg;
   cfg.cluster_token = kToken;
   cfg.log_level = "error";
