@@ -273,9 +273,9 @@ Result<std::byte*> HostArena::peer_data(ArenaRank& me, uint32_t q, const BufferA
       }
       return bad(segment.error().message());
     }
-    size_t of_q = static_cast<size_t>(std::count_if(kept.begin(), kept.end(), [&](const PeerBuffer& b) { return b.rank == q; }));
-    if (of_q >= kPeerBuffersKept) {
-      kept.erase(std::find_if(kept.begin(), kept.end(), [&](const PeerBuffer& b) { return b.rank == q; }));
+    auto of_q = [&](const PeerBuffer& b) { return b.rank == q; };
+    if (static_cast<size_t>(std::count_if(kept.begin(), kept.end(), of_q)) >= kPeerBuffersKept) {
+      kept.erase(std::find_if(kept.begin(), kept.end(), of_q));  // its least recently used
     }
     kept.push_back(PeerBuffer{q, at.cookie, std::move(*segment)});
   } else if (it + 1 != kept.end()) {  // most recently used last
@@ -363,8 +363,10 @@ Result<void> HostArena::run(ArenaRank& me, const ArenaCall& call, std::chrono::s
       return direct[q] != nullptr ? direct[q] + p.offset_elems * width
                                   : slot(slot_parity, q) + pos * position_bytes_ + in_piece * width;
     };
-    // A: this rank's data into its slot (not when read in place).
+    // A: this rank's data into its slot; nothing to copy when the others
+    // read it in place.
     if (in_place) {
+      // (its buffer is where they look)
     } else if (reduces) {
       for (uint32_t q = 0; q < n; ++q) {
         for_piece(q, t, [&](size_t in_piece, ElemRange p) {
