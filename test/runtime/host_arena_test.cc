@@ -14,10 +14,16 @@
 // others) run beside ranks with ordinary buffers, on threads (found in this
 // process's registry) and in forked processes (each maps the others'
 // buffers).
+#include <sched.h>
+#include <signal.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <span>
 #include <cstring>
 #include <random>
 #include <string>
@@ -419,9 +425,19 @@ TEST_CASE("host arena: buffers read in place match the reference bit for bit, al
         for (auto& e : errors) CHECK(e.empty());
         // Every collective past the size for it went in place, on every rank
         // (each reads some registered buffer), and none below it.
-        size_t big = 0;
-        for (const Case& k : in_place_cases(n)) big += k.count * troupe::dtype_size(k.dtype) >= kInPlaceMinBytes;
-        for (const ArenaRank& me : a.ranks) CHECK(me.in_place_calls == big);
+        // With every buffer in place, the big allreduces wrote their results
+        // straight into every rank's buffer; with some not, none did.
+        size_t big = 0, big_allreduces = 0;
+        for (const Case& k : in_place_cases(n)) {
+          bool past = k.count * troupe::dtype_size(k.dtype) >= kInPlaceMinBytes;
+          big += past;
+          big_allreduces += past && k.kind == CollectiveKind::allreduce;
+        }
+        const bool every = std::count(placements[p].registered.begin(), placements[p].registered.end(), true) == n;
+        for (const ArenaRank& me : a.ranks) {
+          CHECK(me.in_place_calls == big);
+          CHECK(me.direct_calls == (every ? big_allreduces : 0));
+        }
       }
     }
   }
@@ -436,6 +452,7 @@ TEST_CASE("host arena: buffers read in place match the reference bit for bit, al
     Placement where{all ? std::vector<bool>(4, true) : std::vector<bool>{false, true, true, false}};
     CHECK(run_all(a, in_place_cases(4, columns), 77, errors, where) == 0);
     for (auto& e : errors) CHECK(e.empty());
+    for (const ArenaRank& me : a.ranks) CHECK((me.direct_calls > 0) == all);
   }
 }
 
@@ -471,6 +488,9 @@ TEST_CASE("host arena: ranks in separate processes read each other's buffers in 
       // kept are bounded: at most kPeerBuffersKept of each peer.
       if (me.in_place_calls == 0 || me.peer_buffers.empty()) ::_exit(253);
       if (me.peer_buffers.size() > kPeerBuffersKept * (n - 1)) ::_exit(254);
+      // The second placement (every buffer in place) wrote results straight
+      // into the others' buffers, through these mappings.
+      if (me.direct_calls == 0) ::_exit(252);
       ::_exit(static_cast<int>(std::min<size_t>(wrong, 250)));
     }
     children.push_back(pid);
@@ -481,5 +501,123 @@ TEST_CASE("host arena: ranks in separate processes read each other's buffers in 
     INFO("rank " << r);
     REQUIRE(WIFEXITED(status));
     CHECK(WEXITSTATUS(status) == 0);
+  }
+}
+
+namespace {
+
+/// What the forked ranks of the write-settling test tell the test process.
+struct Settling {
+  std::atomic<uint32_t> returned;  // survivors whose allreduce has failed
+  std::atomic<uint32_t> check;     // set by the test: every writer has stopped
+  std::atomic<int32_t> code[4];
+  char message[4][512];
+};
+
+enum class Writer { running, stopped, stopped_then_killed };
+
+}  // namespace
+
+TEST_CASE("host arena: a rank whose allreduce fails gets its buffer back only once the others stopped writing into it",
+          "[collectives][arena][in_place]") {
+  // 4 forked ranks, every buffer in place, 16 MiB allreduces in a row: each
+  // rank writes its segment's results into every rank's buffer. The test
+  // (as the process that notices a failure would) breaks the arena while
+  // rank 1 is writing, with rank 1
+  //   running: the others fail with peer_lost, once rank 1 has stopped at
+  //     its next block;
+  //   stopped (SIGSTOP): they wait for it for kWriterGrace, then fail
+  //     saying it may still write (it is then killed);
+  //   stopped, then killed: they fail as soon as its process is gone (a
+  //     zombie, not yet waited for).
+  // Each survivor then fills its buffer with a sentinel, and checks, once
+  // rank 1 can write no more, that nothing overwrote it.
+  const uint32_t n = 4;
+  const size_t count = size_t{4} << 20;  // floats
+  for (Writer how : {Writer::running, Writer::stopped, Writer::stopped_then_killed}) {
+    INFO("rank 1 " << (how == Writer::running ? "running" : how == Writer::stopped ? "stopped" : "stopped, then killed"));
+    HostArena made = HostArena::create(n, 1 << 20).value();
+    auto* shared = static_cast<Settling*>(
+        ::mmap(nullptr, sizeof(Settling), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
+    REQUIRE(shared != MAP_FAILED);
+    new (shared) Settling{};
+    std::vector<pid_t> children;
+    for (uint32_t r = 0; r < n; ++r) {
+      pid_t pid = ::fork();
+      REQUIRE(pid >= 0);
+      if (pid != 0) {
+        children.push_back(pid);
+        continue;
+      }
+      auto arena = HostArena::open(made.offer(), n);
+      auto buffer = troupe::CollectiveBuffer::allocate(count * sizeof(float));
+      if (!arena || !buffer) ::_exit(100);
+      ArenaRank me{r};
+      std::span<float> data = buffer->as<float>();
+      std::fill(data.begin(), data.end(), 1.0f);
+      for (int i = 0;; ++i) {
+        if (i == 10'000) ::_exit(101);  // never broken
+        ArenaCall call{CollectiveKind::allreduce, buffer->data(), count, DType::float32, ReduceOp::max, 0,
+                       static_cast<uint64_t>(i + 1), "allreduce", {}};
+        auto done = arena->run(me, call, std::chrono::steady_clock::now() + 60s);
+        if (done) continue;
+        shared->code[r].store(static_cast<int32_t>(done.error().code()));
+        std::snprintf(shared->message[r], sizeof(shared->message[r]), "%s", done.error().message().c_str());
+        break;
+      }
+      if (r == 1) ::_exit(0);
+      // The buffer is this caller's again: write it, then look at it once
+      // the test says rank 1 can no longer write.
+      std::fill(data.begin(), data.end(), 7.0f);
+      shared->returned.fetch_add(1);
+      while (shared->check.load() == 0) ::sched_yield();
+      ::_exit(std::all_of(data.begin(), data.end(), [](float x) { return x == 7.0f; }) ? 0 : 102);
+    }
+    auto give_up = std::chrono::steady_clock::now() + 60s;
+    // Rank 1 in its write loop (and, for the stopped kinds, stopped there).
+    bool caught = false;
+    while (!caught && std::chrono::steady_clock::now() < give_up) {
+      if (!made.writing(1)) {
+        ::sched_yield();
+        continue;
+      }
+      if (how == Writer::running) {
+        caught = true;
+        break;
+      }
+      REQUIRE(::kill(children[1], SIGSTOP) == 0);
+      int status = 0;
+      REQUIRE(::waitpid(children[1], &status, WUNTRACED) == children[1]);
+      REQUIRE(WIFSTOPPED(status));
+      caught = made.writing(1);
+      if (!caught) REQUIRE(::kill(children[1], SIGCONT) == 0);  // stopped just past it: again
+    }
+    REQUIRE(caught);
+    if (how == Writer::stopped_then_killed) REQUIRE(::kill(children[1], SIGKILL) == 0);
+    auto broke = std::chrono::steady_clock::now();
+    made.abort();
+    while (shared->returned.load() < n - 1 && std::chrono::steady_clock::now() < give_up) ::sched_yield();
+    REQUIRE(shared->returned.load() == n - 1);
+    auto waited = std::chrono::steady_clock::now() - broke;
+    if (how == Writer::stopped) {
+      CHECK(waited >= kWriterGrace);
+      REQUIRE(::kill(children[1], SIGKILL) == 0);
+    } else {
+      CHECK(waited < kWriterGrace);
+    }
+    int status = 0;
+    REQUIRE(::waitpid(children[1], &status, 0) == children[1]);  // rank 1 writes no more
+    if (how == Writer::running) CHECK((WIFEXITED(status) && WEXITSTATUS(status) == 0));
+    shared->check.store(1);
+    for (uint32_t r : {0u, 2u, 3u}) {
+      INFO("rank " << r << ": " << shared->message[r]);
+      REQUIRE(::waitpid(children[r], &status, 0) == children[r]);
+      REQUIRE(WIFEXITED(status));
+      CHECK(WEXITSTATUS(status) == 0);
+      CHECK(shared->code[r].load() == static_cast<int32_t>(ErrorCode::peer_lost));
+      const bool told = std::string(shared->message[r]).find("still writing") != std::string::npos;
+      CHECK(told == (how == Writer::stopped));
+    }
+    ::munmap(shared, sizeof(Settling));
   }
 }

@@ -25,15 +25,29 @@
 //
 // In place: a rank whose buffer lies in a CollectiveBuffer (shared memory,
 // troupe/collective_buffer.h) publishes where it is with its signature, and
-// the others map it read-only (once: each rank keeps a few of every peer's
-// buffers mapped) and read its data there instead of from its slot. Such a
-// rank skips A's copies, folds its own positions in B straight into its
-// buffer, and takes nothing back from its slot in C; ranks with ordinary
-// buffers go through their slots as before, beside it. The phases are the
-// same, so are the results, bit for bit: only where each piece is read
-// from changes. One more phase at the end, counted by all when any rank's
-// buffer is read in place: a rank whose buffer others read returns only
-// once all have counted it (its caller may then write the buffer again).
+// the others map it (once: each rank keeps a few of every peer's buffers
+// mapped) and read its data there instead of from its slot. Such a rank
+// skips A's copies, folds its own positions in B straight into its buffer,
+// and takes nothing back from its slot in C; ranks with ordinary buffers go
+// through their slots as before, beside it. The phases are the same, so
+// are the results, bit for bit: only where each piece is read from changes.
+// One more phase at the end, counted by all when any rank's buffer is read
+// in place: a rank whose buffer others read returns only once all have
+// counted it (its caller may then write the buffer again).
+//
+// Written in place: an allreduce in which every rank's buffer is in place
+// needs no slots at all. After A (which only publishes), rank r folds its
+// segment of every buffer a small block at a time, in rank order, and
+// writes the block's result into every rank's buffer, then counts the
+// closing phase; no B or C. Each rank's segment is read and written by that
+// rank alone, so the ranks never wait for each other in between, and each
+// buffer is read once and written once in all (through the slots or read
+// in place, a rank's results are also written once more and read back by
+// the others): the least memory traffic an allreduce can have. A rank
+// whose collective fails with its buffer open to the others' writes breaks
+// the arena (they check between blocks) and returns only once none of them
+// is writing, or its process is gone, or kWriterGrace has passed (then it
+// says so): its caller gets its buffer back with nobody writing into it.
 //
 // Reuse without a phase for it: a rank writes a slot again two rounds
 // later, after every rank has counted the A of the round in between, which
@@ -85,7 +99,7 @@ struct ArenaCall {
   std::vector<std::vector<ElemRange>> segments;
 };
 
-/// A peer's CollectiveBuffer as a rank has it mapped (read-only).
+/// A peer's CollectiveBuffer as a rank has it mapped.
 struct PeerBuffer {
   uint32_t rank = 0;
   uint64_t cookie = 0;
@@ -103,6 +117,9 @@ struct ArenaRank {
   uint64_t calls = 0;
   /// Collectives in which this rank read some rank's buffer in place.
   uint64_t in_place_calls = 0;
+  /// Of those, allreduces whose results this rank wrote straight into
+  /// every rank's buffer (every buffer was in place).
+  uint64_t direct_calls = 0;
   /// Least recently used first; at most kPeerBuffersKept per peer.
   std::vector<PeerBuffer> peer_buffers = {};
 };
@@ -116,6 +133,12 @@ inline constexpr size_t kPeerBuffersKept = 4;
 /// CollectiveBuffer: in place they would cost the closing phase and save
 /// a copy that is in cache anyway.
 inline constexpr size_t kInPlaceMinBytes = size_t{64} << 10;
+
+/// How long a rank whose collective failed waits for the others to stop
+/// writing into its buffer (they check for a broken arena between blocks,
+/// so a rank that runs stops within microseconds; this bounds one that is
+/// stopped or starved).
+inline constexpr std::chrono::seconds kWriterGrace{5};
 
 /// The control block and slots of a host-local group, mapped in this
 /// process. Move-only; unmapping leaves the memory to the other ranks'
@@ -156,6 +179,9 @@ class HostArena {
   void abort();
   /// True once some process broke the arena.
   bool broken() const;
+  /// True while rank `rank` writes an allreduce's results into the ranks'
+  /// buffers (every buffer in place). REQUIRES: rank < ranks().
+  bool writing(uint32_t rank) const;
 
  private:
   struct Control;
@@ -167,6 +193,17 @@ class HostArena {
   /// Waits until rank `rank` has counted `phase` phases.
   Result<void> wait_for(uint32_t rank, uint32_t phase, std::chrono::steady_clock::time_point deadline);
   Result<void> wait_all(const ArenaRank& me, std::chrono::steady_clock::time_point deadline);
+  Result<void> run_call(ArenaRank& me, const ArenaCall& call, std::chrono::steady_clock::time_point deadline,
+                        bool& exposed);
+  /// An allreduce with every rank's buffer at `data` (as mapped here): this
+  /// rank's segment folded a block at a time and written into all of them.
+  /// Stops (peer_lost) when the arena breaks.
+  Result<void> write_directly(const ArenaRank& me, const ArenaCall& call, const std::vector<std::byte*>& data,
+                              bool stream);
+  /// Waits, after a failed call, until no other rank writes into this
+  /// rank's buffer (each has stopped, or its process is gone), for at most
+  /// kWriterGrace.
+  Result<void> settle_writers(const ArenaRank& me);
   struct BufferAt;
   /// Where rank `q`'s buffer (published as `at`, `bytes` of it) is in this
   /// process: mapped (or found, in this process) on first use.
