@@ -25,12 +25,16 @@ template <typename F>
 Result<Gpt<F>> Gpt<F>::make(const GptConfig& config) {
   auto layout = ParamLayout::make(config);
   if (!layout) return error(layout.error());
-  return Gpt<F>(std::move(*layout));
+  auto params = CollectiveArray<F>::make(layout->total());
+  if (!params) return error(params.error());
+  auto grads = CollectiveArray<F>::make(layout->total());
+  if (!grads) return error(grads.error());
+  return Gpt<F>(std::move(*layout), std::move(*params), std::move(*grads));
 }
 
 template <typename F>
-Gpt<F>::Gpt(ParamLayout layout)
-    : layout_(std::move(layout)), params_(layout_.total(), F(0)), grads_(layout_.total(), F(0)) {}
+Gpt<F>::Gpt(ParamLayout layout, CollectiveArray<F> params, CollectiveArray<F> grads)
+    : layout_(std::move(layout)), params_(std::move(params)), grads_(std::move(grads)) {}
 
 template <typename F>
 void Gpt<F>::init_random(uint64_t seed) {

@@ -33,6 +33,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "model/collective_array.h"
 #include "model/config.h"
 #include "troupe/status.h"
 
@@ -53,7 +54,8 @@ struct ForwardOptions {
 template <typename F>
 class Gpt {
  public:
-  /// A model of `config` with zero parameters; fails as ParamLayout::make.
+  /// A model of `config` with zero parameters; fails as ParamLayout::make,
+  /// or with storage when the memory for them cannot be had.
   static Result<Gpt> make(const GptConfig& config);
 
   /// GPT-2's initialisation, reproducible from `seed`: weights normal with
@@ -64,7 +66,10 @@ class Gpt {
 
   const ParamLayout& layout() const { return layout_; }
   const GptConfig& config() const { return layout_.config(); }
-  /// The parameters and their gradients, layout().total() each.
+  /// The parameters and their gradients, layout().total() each, in
+  /// CollectiveArrays: a trainer's collectives on them (the gradient
+  /// allreduce, ZeRO's allgather of parameters) run in place among the
+  /// ranks of a host instead of through the arena's slots.
   F* params() { return params_.data(); }
   const F* params() const { return params_.data(); }
   F* grads() { return grads_.data(); }
@@ -101,7 +106,7 @@ class Gpt {
   void backward(const F* dlosses, const F* dvalues = nullptr, const F* dentropy = nullptr);
 
  private:
-  explicit Gpt(ParamLayout layout);
+  Gpt(ParamLayout layout, CollectiveArray<F> params, CollectiveArray<F> grads);
   // Sizes the activations and the backward's scratch for (B, T).
   void size_for(size_t B, size_t T);
 
@@ -112,7 +117,7 @@ class Gpt {
   };
 
   ParamLayout layout_;
-  std::vector<F> params_, grads_;
+  CollectiveArray<F> params_, grads_;
   size_t B_ = 0, T_ = 0;
   std::vector<int32_t> tokens_, targets_;
   std::vector<F> encoded_, lnf_, lnf_mean_, lnf_rstd_, logits_, probs_, losses_;

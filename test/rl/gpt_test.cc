@@ -1,13 +1,16 @@
 // The whole policy model: its backward, in double, gives the gradient that
 // finite differences of its loss give, for every parameter (tied and untied
 // embeddings); float agrees with double; bad inputs are refused; a few
-// steps of gradient descent fit a sequence (the loss falls).
+// steps of gradient descent fit a sequence (the loss falls); parameters
+// and gradients lie in CollectiveBuffers, copies included.
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <vector>
 
 #include <catch2/catch.hpp>
 
+#include "collectives/buffer_registry.h"
 #include "model/gpt.h"
 
 using namespace troupe::rl::model;
@@ -121,4 +124,29 @@ TEST_CASE("gpt: gradient descent fits a short sequence (the loss falls by far)",
   REQUIRE(m.forward(tokens.data(), targets.data(), 1, 8).ok());
   INFO("loss " << first << " -> " << m.mean_loss());
   CHECK(m.mean_loss() < 0.1f * first);
+}
+
+TEST_CASE("gpt: parameters and gradients lie in CollectiveBuffers, so a trainer's collectives run in place; a copy "
+          "has buffers of its own",
+          "[rl][model]") {
+  auto m = Gpt<float>::make(tiny(false)).value();
+  m.init_random(3);
+  const size_t bytes = m.layout().total() * sizeof(float);
+  auto params = troupe::collectives::find_registered(m.params(), bytes);
+  auto grads = troupe::collectives::find_registered(m.grads(), bytes);
+  REQUIRE(params.has_value());
+  REQUIRE(grads.has_value());
+  CHECK(params->offer.cookie != grads->offer.cookie);
+  Gpt<float> copy = m;
+  auto copied = troupe::collectives::find_registered(copy.params(), bytes);
+  REQUIRE(copied.has_value());
+  CHECK(copied->offer.cookie != params->offer.cookie);
+  CHECK(std::equal(m.params(), m.params() + m.layout().total(), copy.params()));
+  copy.params()[0] += 1.0f;  // its own memory
+  CHECK(copy.params()[0] != m.params()[0]);
+  // Moved, the buffers go along: the same memory, still registered.
+  const float* before = m.params();
+  Gpt<float> moved = std::move(m);
+  CHECK(moved.params() == before);
+  CHECK(troupe::collectives::find_registered(moved.params(), bytes).has_value());
 }

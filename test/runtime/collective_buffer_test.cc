@@ -52,11 +52,14 @@ TEST_CASE("collective buffer: a collective's data is found in the buffer that ho
   CHECK(find_registered(b.data(), 100).has_value());
   int on_stack = 0;
   CHECK_FALSE(find_registered(&on_stack, sizeof on_stack).has_value());
-  // A peer maps it read-only through the offer, and sees what was written.
+  // A peer maps it through the offer, sees what was written, and writes
+  // where the owner sees it (an allreduce's results, written in place).
   a.as<uint32_t>()[7] = 0xfeed;
-  auto peer = troupe::collectives::SlotSegment::open(inside->offer, troupe::collectives::SlotSegment::Access::read_only);
+  auto peer = troupe::collectives::SlotSegment::open(inside->offer);
   REQUIRE(peer.has_value());
   CHECK(reinterpret_cast<const uint32_t*>(peer->slot(0))[7] == 0xfeed);
+  reinterpret_cast<uint32_t*>(peer->slot(0))[8] = 0xbeef;
+  CHECK(a.as<uint32_t>()[8] == 0xbeef);
   // Moved: still registered at the same bytes; freed: gone.
   uint64_t cookie = inside->offer.cookie;
   std::byte* at = a.data();

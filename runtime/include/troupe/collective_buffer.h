@@ -12,12 +12,15 @@
 // host: every rank copies its buffer into the arena's slots and the results
 // out again. When a rank's buffer lies inside a CollectiveBuffer, the other
 // ranks of its host read its data where it is (the buffer is shared memory,
-// mapped read-only by them on first use), and the rank reduces its share in
-// place: the copies into the slots are gone, and the traffic per rank is
-// close to the floor of reading its buffer and writing the result. Ranks
-// may mix the two; each gains where its own buffer is registered. Nothing
-// else changes: the same calls, results bit for bit the same, the same
-// failure semantics (docs/meshes.md).
+// mapped by them on first use), and the rank reduces its share in place:
+// the copies into the slots are gone. When every rank's buffer is one, an
+// allreduce needs no slots at all: each rank folds its segment of all the
+// buffers and writes the result straight into each of them, so every
+// buffer is read once and written once, the floor of an allreduce's
+// memory traffic. Ranks may mix the two; each gains where its own buffer
+// is registered. Nothing else changes: the same calls, results bit for bit
+// the same, the same failure semantics (docs/meshes.md): a failed
+// collective hands its buffer back only once no other rank writes into it.
 //
 // The memory is a memfd of this process: it does not appear in /dev/shm,
 // and it is freed when the last process that maps it lets it go (a peer

@@ -93,7 +93,7 @@ Result<SlotSegment> SlotSegment::create(uint32_t slots, uint64_t slot_bytes, con
   return s;
 }
 
-Result<SlotSegment> SlotSegment::open(const SlotsOffer& offer, Access access) {
+Result<SlotSegment> SlotSegment::open(const SlotsOffer& offer) {
   if (offer.slots == 0 || offer.slot_bytes == 0 || offer.slot_bytes % kPageBytes != 0 ||
       offer.slot_bytes * offer.slots > kMaxSegmentBytes || offer.pid <= 0 || offer.fd < 0) {
     return error(ErrorCode::malformed, "collectives: a slot offer is malformed (" + std::to_string(offer.slots) +
@@ -103,8 +103,7 @@ Result<SlotSegment> SlotSegment::open(const SlotsOffer& offer, Access access) {
     return error(ErrorCode::unsupported, "collectives: a segment of host " + offer.host + ", and this is " + host_id());
   }
   std::string path = "/proc/" + std::to_string(offer.pid) + "/fd/" + std::to_string(offer.fd);
-  const bool writable = access == Access::read_write;
-  int fd = ::open(path.c_str(), (writable ? O_RDWR : O_RDONLY) | O_CLOEXEC);
+  int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
   if (fd < 0) return error(ErrorCode::unsupported, "collectives: opening " + path + ": " + errno_text());
   SlotSegment s;
   s.map_bytes_ = kPageBytes + offer.slot_bytes * offer.slots;
@@ -115,7 +114,7 @@ Result<SlotSegment> SlotSegment::open(const SlotsOffer& offer, Access access) {
     ::close(fd);
     return error(ErrorCode::unsupported, "collectives: " + path + " is not the segment offered");
   }
-  void* p = ::mmap(nullptr, s.map_bytes_, writable ? PROT_READ | PROT_WRITE : PROT_READ, MAP_SHARED, fd, 0);
+  void* p = ::mmap(nullptr, s.map_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   ::close(fd);  // the mapping keeps the memory
   if (p == MAP_FAILED) return error(ErrorCode::unsupported, "collectives: mapping " + path + ": " + errno_text());
   s.base_ = static_cast<std::byte*>(p);

@@ -54,15 +54,11 @@ class SlotSegment {
   /// in this process. Pages are only backed when first written. `name`:
   /// the memfd's, as /proc/<pid>/maps shows it.
   static Result<SlotSegment> create(uint32_t slots, uint64_t slot_bytes, const char* name = "troupe-collective-slots");
-  /// How open() maps a segment.
-  enum class Access : uint8_t { read_write, read_only };
-
-  /// Maps the segment another process of this host offered; fails (and the
-  /// caller keeps to messages) when it is not reachable from here: another
-  /// host id, another pid namespace, or no permission on /proc/<pid>/fd.
-  /// read_only: a write through the mapping faults (a peer's
-  /// CollectiveBuffer, which only its owner writes).
-  static Result<SlotSegment> open(const SlotsOffer& offer, Access access = Access::read_write);
+  /// Maps the segment another process of this host offered, to read and
+  /// write; fails (and the caller keeps to messages) when it is not
+  /// reachable from here: another host id, another pid namespace, or no
+  /// permission on /proc/<pid>/fd.
+  static Result<SlotSegment> open(const SlotsOffer& offer);
 
   /// What to send the sender (the receiver's side).
   const SlotsOffer& offer() const { return offer_; }
