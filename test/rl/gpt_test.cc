@@ -126,8 +126,8 @@ TEST_CASE("gpt: gradient descent fits a short sequence (the loss falls by far)",
   CHECK(m.mean_loss() < 0.1f * first);
 }
 
-TEST_CASE("gpt: parameters and gradients lie in CollectiveBuffers, so a trainer's collectives run in place; a copy "
-          "has buffers of its own",
+TEST_CASE("gpt: parameters and gradients lie in CollectiveBuffers (a trainer's collectives run in place) and a "
+          "copy has buffers of its own",
           "[rl][model]") {
   auto m = Gpt<float>::make(tiny(false)).value();
   m.init_random(3);
