@@ -104,7 +104,8 @@ class Reducer : public troupe::Actor<Reducer, SetGroup, RunAllReduce, RunAtOnce,
           if (!r) return reply.fail(r.error());
           reply.complete(std::vector<uint64_t>{r->chunks_in_slots, r->chunks_in_messages, r->reduced_into_slots,
                                                r->arena_collectives, r->hierarchical_collectives,
-                                               r->bytes_in_messages, r->pipelined_pieces, r->arena_in_place});
+                                               r->bytes_in_messages, r->pipelined_pieces, r->arena_in_place,
+                                               r->arena_written_in_place});
         });
     return reply;
   }
@@ -733,8 +734,9 @@ TEST_CASE("collectives: a released group fails its collectives in progress and l
   for (size_t m = 0; m < 8; ++m) CHECK(shared_mappings(pids[m]) == 0);
 }
 
-TEST_CASE("collectives: members' CollectiveBuffers are read in place by the other processes of their host, every "
-          "kind matching the reference, beside ordinary buffers",
+TEST_CASE("collectives: members' CollectiveBuffers are read in place by the other processes of their host (and "
+          "written in place by an allreduce when all are) with every kind matching the reference beside ordinary "
+          "buffers",
           "[cluster][collectives][in_place]") {
   // One host (one arena of 8), and two (arenas of 4, rings between them).
   const bool two_hosts = GENERATE(false, true);
@@ -759,6 +761,11 @@ TEST_CASE("collectives: members' CollectiveBuffers are read in place by the othe
       // stages, a reduce_scatter one, and an allgather one).
       uint64_t in_place = (*after[m])[7] - (*before[m])[7];
       CHECK(in_place == (two_hosts ? 5u : 4u));
+      // With every buffer shared, the one-host allreduce past 64 KiB was
+      // written in place (the two-host one's arena stages are a
+      // reduce_scatter and an allgather, which read in place).
+      uint64_t written = (*after[m])[8] - (*before[m])[8];
+      CHECK(written == (registered == 0xff && !two_hosts ? 1u : 0u));
     }
   }
 }

@@ -53,9 +53,12 @@ void ArenaRunner::loop() {
     Job job = std::move(jobs_.front());
     jobs_.pop_front();
     lock.unlock();
-    uint64_t in_place_before = me_.in_place_calls;
+    const uint64_t in_place_before = me_.in_place_calls, direct_before = me_.direct_calls;
     auto result = arena_.run(me_, job.call, job.deadline);
-    done_(job.seq, result ? Status() : result.error(), me_.in_place_calls != in_place_before);
+    const ArenaPath path = me_.direct_calls != direct_before     ? ArenaPath::written_in_place
+                           : me_.in_place_calls != in_place_before ? ArenaPath::read_in_place
+                                                                   : ArenaPath::slots;
+    done_(job.seq, result ? Status() : result.error(), path);
     lock.lock();
   }
 }

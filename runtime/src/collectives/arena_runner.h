@@ -21,9 +21,8 @@ namespace troupe::collectives {
 class ArenaRunner {
  public:
   /// Called on the runner's thread as each collective ends: done, or why
-  /// not (HostArena::run's errors); `in_place`: it read some rank's
-  /// CollectiveBuffer in place.
-  using Done = std::function<void(uint64_t seq, Status status, bool in_place)>;
+  /// not (HostArena::run's errors), and how its data moved.
+  using Done = std::function<void(uint64_t seq, Status status, ArenaPath path)>;
 
   /// Runs rank `rank`'s collectives on `arena`, which must outlive it.
   ArenaRunner(HostArena& arena, uint32_t rank, Done done);

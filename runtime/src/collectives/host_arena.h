@@ -99,6 +99,18 @@ struct ArenaCall {
   std::vector<std::vector<ElemRange>> segments;
 };
 
+/// How a collective's data moved through the arena, from the slowest way to
+/// the fastest.
+enum class ArenaPath : uint8_t {
+  /// Through the slots only.
+  slots,
+  /// Some rank's CollectiveBuffer read where it is.
+  read_in_place,
+  /// Every rank's CollectiveBuffer read and written where it is (an
+  /// allreduce).
+  written_in_place,
+};
+
 /// A peer's CollectiveBuffer as a rank has it mapped.
 struct PeerBuffer {
   uint32_t rank = 0;

@@ -186,13 +186,14 @@ void ProcAnchor::run_on_arena(Group& g, uint32_t rank, Op& op) {
     AnyRef engine = self();
     std::string id = g.spec.id;
     runner = std::make_unique<collectives::ArenaRunner>(
-        *g.arena.arena, g.layout.local_index(rank), [engine, id, rank](uint64_t seq, Status status, bool in_place) {
+        *g.arena.arena, g.layout.local_index(rank), [engine, id, rank](uint64_t seq, Status status, collectives::ArenaPath path) {
           // A full mailbox would lose the answer (the collective would then
           // fail at its deadline): the runner's thread can afford to wait
           // for room, paced, for a while.
           for (int attempt = 0;; ++attempt) {
             Status sent =
-                engine.tell(ArenaDone{id, rank, seq, static_cast<uint8_t>(status.code()), status.message(), in_place});
+                engine.tell(ArenaDone{id, rank, seq, static_cast<uint8_t>(status.code()), status.message(),
+                                  static_cast<uint8_t>(path)});
             if (sent.code() != ErrorCode::mailbox_full || attempt == 1000) break;
             std::this_thread::sleep_for(std::chrono::milliseconds(1));
           }
@@ -227,7 +228,8 @@ void ProcAnchor::handle(const ArenaDone& m) {
   auto op = lr->second.ops.find(m.seq);
   if (op == lr->second.ops.end()) return;
   if (m.code == 0) {
-    g.counters.arena_in_place += m.in_place;
+    g.counters.arena_in_place += m.path != static_cast<uint8_t>(collectives::ArenaPath::slots);
+    g.counters.arena_written_in_place += m.path == static_cast<uint8_t>(collectives::ArenaPath::written_in_place);
     op->second.on_arena = false;
     ++op->second.stage;
     advance(g, m.rank, m.seq);

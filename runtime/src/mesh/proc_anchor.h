@@ -104,16 +104,16 @@ struct OpenArena {
   TROUPE_MESSAGE_NAMED(OpenArena, "troupe.mesh.OpenArena", group, ranks, offer);
 };
 /// A rank's arena runner -> its engine: the arena stage of collective `seq`
-/// of rank `rank` ended (code 0: done; otherwise why not); `in_place`: some
-/// rank's CollectiveBuffer was read where it is.
+/// of rank `rank` ended (code 0: done; otherwise why not); `path`: how its
+/// data moved (collectives::ArenaPath).
 struct ArenaDone {
   std::string group;
   uint32_t rank = 0;
   uint64_t seq = 0;
   uint8_t code = 0;
   std::string why;
-  bool in_place = false;
-  TROUPE_MESSAGE_NAMED(ArenaDone, "troupe.mesh.ArenaDone", group, rank, seq, code, why, in_place);
+  uint8_t path = 0;
+  TROUPE_MESSAGE_NAMED(ArenaDone, "troupe.mesh.ArenaDone", group, rank, seq, code, why, path);
 };
 /// Engine -> engine: a ring step's data for rank `to_rank`.
 struct RingChunk {
@@ -168,8 +168,10 @@ struct GroupCounters {
   uint64_t bytes_in_messages = 0;   // data received in messages (between hosts, or without shared memory)
   uint64_t pipelined_pieces = 0;    // pieces of pipelined collectives done
   uint64_t arena_in_place = 0;      // arena stages that read some rank's CollectiveBuffer in place
+  uint64_t arena_written_in_place = 0;  // of those, allreduces written into every rank's buffer
   TROUPE_FIELDS(chunks_in_slots, chunks_in_messages, reduced_into_slots, arena_collectives,
-                hierarchical_collectives, bytes_in_messages, pipelined_pieces, arena_in_place);
+                hierarchical_collectives, bytes_in_messages, pipelined_pieces, arena_in_place,
+                arena_written_in_place);
 };
 
 /// Receiver -> sender (rank `to_rank`): slot `slot` is free again.
