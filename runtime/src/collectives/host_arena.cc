@@ -68,6 +68,23 @@ void cpu_relax() {
 /// and 19-23% for 8 KiB; 1 KiB was no better.
 constexpr size_t kDirectBlockBytes = size_t{2} << 10;
 
+/// Every wait's error once some process broke the arena.
+Unexpected arena_broken() {
+  return error(ErrorCode::peer_lost, "collectives: the group's arena was broken (a rank failed or left)");
+}
+
+/// A futex wait's timeout: at most kSleepSlice of what is left.
+timespec sleep_slice(std::chrono::nanoseconds left) {
+  auto slice = std::min<std::chrono::nanoseconds>(left, kSleepSlice);
+  return timespec{static_cast<time_t>(slice.count() / 1'000'000'000), static_cast<long>(slice.count() % 1'000'000'000)};
+}
+
+void store_fence() {
+#if defined(__x86_64__)
+  _mm_sfence();
+#endif
+}
+
 /// memcpy whose destination is not read again soon: 16-byte streaming
 /// stores on x86-64, memcpy elsewhere. Streaming stores are weakly ordered:
 /// fence() (or a call with fence) before others may read what they wrote.
@@ -91,16 +108,10 @@ void copy_streaming(std::byte* dst, const std::byte* src, size_t bytes, bool fen
     _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 48), d);
   }
   std::memcpy(dst + i, src + i, bytes - i);
-  if (fence) _mm_sfence();
+  if (fence) store_fence();
 #else
   (void)fence;
   std::memcpy(dst, src, bytes);
-#endif
-}
-
-void store_fence() {
-#if defined(__x86_64__)
-  _mm_sfence();
 #endif
 }
 
@@ -257,21 +268,17 @@ void HostArena::count_phase(ArenaRank& me) {
 Result<void> HostArena::wait_for(uint32_t rank, uint32_t phase, std::chrono::steady_clock::time_point deadline) {
   Control* c = control();
   Control::Rank& w = c->rank(rank);
-  auto lost = [&] {
-    return error(ErrorCode::peer_lost, "collectives: the group's arena was broken (a rank failed or left)");
-  };
   for (int i = 0; i < kSpins; ++i) {
     if (reached(w.progress.load(std::memory_order_acquire), phase)) return {};
     cpu_relax();
   }
   for (;;) {
-    if (c->head.broken.load(std::memory_order_acquire) != 0) return lost();
+    if (c->head.broken.load(std::memory_order_acquire) != 0) return arena_broken();
     auto now = std::chrono::steady_clock::now();
     if (now >= deadline) {
       return error(ErrorCode::timeout, "collectives: rank " + std::to_string(rank) + " did not get there in time");
     }
-    auto slice = std::min<std::chrono::nanoseconds>(deadline - now, kSleepSlice);
-    timespec ts{static_cast<time_t>(slice.count() / 1'000'000'000), static_cast<long>(slice.count() % 1'000'000'000)};
+    timespec ts = sleep_slice(deadline - now);
     w.waiters.fetch_add(1, std::memory_order_seq_cst);
     uint32_t seen = w.progress.load(std::memory_order_seq_cst);
     if (!reached(seen, phase)) futex(&w.progress, FUTEX_WAIT, seen, &ts);
@@ -368,7 +375,7 @@ Result<void> HostArena::write_directly(const ArenaRank& me, const ArenaCall& cal
     futex(&w.writing, FUTEX_WAKE, INT_MAX, nullptr);  // ranks in settle_writers
     stopped = true;
   }
-  if (stopped) return error(ErrorCode::peer_lost, "collectives: the group's arena was broken (a rank failed or left)");
+  if (stopped) return arena_broken();
   return {};
 }
 
@@ -392,8 +399,7 @@ Result<void> HostArena::settle_writers(const ArenaRank& me) {
                          " s after the collective failed (is that process stopped?): the buffer may change until it "
                          "goes on or is killed");
       }
-      auto slice = std::min<std::chrono::nanoseconds>(until - now, kSleepSlice);
-      timespec ts{static_cast<time_t>(slice.count() / 1'000'000'000), static_cast<long>(slice.count() % 1'000'000'000)};
+      timespec ts = sleep_slice(until - now);
       futex(&w.writing, FUTEX_WAIT, 1, &ts);
     }
   }
@@ -417,7 +423,7 @@ Result<void> HostArena::run(ArenaRank& me, const ArenaCall& call, std::chrono::s
 Result<void> HostArena::run_call(ArenaRank& me, const ArenaCall& call, std::chrono::steady_clock::time_point deadline,
                                  bool& exposed) {
   if (broken()) {
-    return error(ErrorCode::peer_lost, "collectives: the group's arena was broken (a rank failed or left)");
+    return arena_broken();
   }
   const uint32_t n = ranks_, r = me.rank;
   const size_t width = dtype_size(call.dtype);
