@@ -14,7 +14,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 here=$PWD
 progs=(build/test/troupe_gpu_tests build/bench/troupe_bench_model_gpu build/bench/troupe_bench_generate_gpu
-       build/bench/troupe_bench_rl_job)
+       build/bench/troupe_bench_rl_job build/tools/troupe)
 
 case "${1:-}" in
   bundle)
@@ -31,16 +31,35 @@ case "${1:-}" in
     du -sh .gpu
     ;;
   tests)
+    # One test case a process, each under its own limit, all under one
+    # deadline (GPU_DEADLINE_S): a hang in one case costs that case, not the
+    # lease, and the log still names every case that ran and how it ended.
     out=${OUT:-/tmp}
-    nvidia-smi -L || true
-    export TROUPE_EXAMPLES_DIR="$here/examples"
+    log="$out/gpu_tests.log"
+    deadline=$((SECONDS + ${GPU_DEADLINE_S:-560}))
+    nvidia-smi -L 2>&1 | tee "$log" || true
+    export TROUPE_EXAMPLES_DIR="$here/examples" TROUPE_CLI="$here/.gpu/bin/troupe" NCCL_DEBUG=${NCCL_DEBUG:-WARN}
     set +e
-    timeout 560 .gpu/run troupe_gpu_tests --durations yes 2>&1 | tee "$out/gpu_tests.log"
-    echo "rc=${PIPESTATUS[0]}" | tee -a "$out/gpu_tests.log"
+    mapfile -t cases < <(.gpu/run troupe_gpu_tests --list-test-names-only "${2:-*}" | grep -v '^$' | grep -v 'matching test case')
+    passed=0 failed=0 skipped=0
+    for c in "${cases[@]}"; do
+      left=$((deadline - SECONDS))
+      if ((left < 10)); then echo "=== NOT RUN (deadline): $c" | tee -a "$log"; skipped=$((skipped + 1)); continue; fi
+      limit=60; [[ $c == "gpu job:"* ]] && limit=240
+      ((limit > left)) && limit=$left
+      start=$SECONDS
+      timeout -k 5 "$limit" .gpu/run troupe_gpu_tests "${c//,/\\,}" >"$out/case.log" 2>&1
+      rc=$?
+      status=PASS; ((rc == 0)) || status="FAIL rc=$rc"; ((rc == 124 || rc == 137)) && status="TIMEOUT ${limit}s"
+      echo "=== $status ($((SECONDS - start)) s): $c" | tee -a "$log"
+      if ((rc == 0)); then passed=$((passed + 1)); else failed=$((failed + 1)); tail -c 6000 "$out/case.log" >>"$log"; fi
+    done
+    rm -f "$out/case.log"
+    echo "passed=$passed failed=$failed not_run=$skipped" | tee -a "$log"
     ;;
   bench)
     out=${OUT:-/tmp}
-    export TROUPE_EXAMPLES_DIR="$here/examples"
+    export TROUPE_EXAMPLES_DIR="$here/examples" TROUPE_CLI="$here/.gpu/bin/troupe"
     set +e
     timeout 120 .gpu/run troupe_bench_model_gpu 2>&1 | tee "$out/bench_model_gpu.jsonl"
     timeout 120 .gpu/run troupe_bench_generate_gpu 2>&1 | tee "$out/bench_generate_gpu.jsonl"

@@ -23,7 +23,7 @@ class LocalCluster {
   LocalCluster(const std::string& name, const std::string& token, int agents, const std::string& cpus,
                const std::string& transport = "tcp", const std::vector<std::string>& host_ids = {})
       : home_(std::filesystem::temp_directory_path() / ("troupe-" + name + "-" + std::to_string(getpid()))) {
-    head_ = std::make_unique<test::Daemon>(TROUPE_CLI, home_, token,
+    head_ = std::make_unique<test::Daemon>(test::troupe_cli(), home_, token,
                                            std::vector<std::string>{"start", "--head", "--port", "0", "--transport",
                                                                     transport, "--data-dir", (home_ / "head").string()});
     if (!head_->ok()) {
@@ -32,7 +32,7 @@ class LocalCluster {
     }
     for (int i = 0; i < agents; ++i) {
       agents_.push_back(std::make_unique<test::Daemon>(
-          TROUPE_CLI, home_, token,
+          test::troupe_cli(), home_, token,
           std::vector<std::string>{"start", "--address", head_->address(), "--node-id", "a" + std::to_string(i),
                                    "--cpus", cpus},
           host_ids.empty() ? std::vector<std::string>{}
@@ -55,7 +55,7 @@ class LocalCluster {
   test::Daemon& head() { return *head_; }
   /// Starts the head again on its data directory and port (after kill9()).
   bool restart_head(const std::string& token, const std::string& port) {
-    head_ = std::make_unique<test::Daemon>(TROUPE_CLI, home_, token,
+    head_ = std::make_unique<test::Daemon>(test::troupe_cli(), home_, token,
                                            std::vector<std::string>{"start", "--head", "--port", port, "--data-dir",
                                                                     (home_ / "head").string()});
     return head_->ok();

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -37,6 +38,13 @@ inline bool quick(int argc, char** argv) {
     if (std::strcmp(argv[i], "--quick") == 0) return true;
   }
   return false;
+}
+
+/// Whether the case named `name` runs: every case unless BENCH_ONLY is set,
+/// then only those whose name contains it (one case under a profiler, say).
+inline bool selected(const std::string& name) {
+  const char* only = std::getenv("BENCH_ONLY");
+  return only == nullptr || *only == '\0' || name.find(only) != std::string::npos;
 }
 
 inline double seconds_since(std::chrono::steady_clock::time_point t0) {

@@ -13,7 +13,11 @@
 // examples train) and GPT-2 small's (12 x 768, 1024 positions), where the
 // weights, not the launches, set the pace.
 //
+// BENCH_ONLY=L12_C768_batch64 runs those cases alone; their timed runs are
+// bracketed for `ncu --profile-from-start off`.
+//
 // Without a GPU it prints one "skipped" line and exits 0, so bench/run goes on.
+#include <cuda_profiler_api.h>
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -87,15 +91,18 @@ double tokens_per_s(Decoder& decoder, const std::vector<std::vector<int32_t>>& p
     return 0;
   }
   std::vector<double> secs;
+  (void)cudaProfilerStart();  // under `ncu --profile-from-start off`, only the timed runs
   for (int r = 0; r < reps; ++r) {
     auto t0 = Clock::now();
     auto out = generate(decoder, prompts, params);
     secs.push_back(seconds_since(t0));
     if (!out) {
+      (void)cudaProfilerStop();
       *why = out.error().to_string();
       return 0;
     }
   }
+  (void)cudaProfilerStop();
   return static_cast<double>(prompts.size() * new_tokens) / quantile(secs, 0.5);
 }
 
@@ -133,6 +140,7 @@ int main(int argc, char** argv) {
     for (size_t batch : {size_t{1}, size_t{64}}) {
       const auto prompts = make_prompts(batch, prompt_len);
       const std::string tag = shape.name + "_batch" + std::to_string(batch) + "_new" + std::to_string(new_tokens);
+      if (!troupe::bench::selected(tag)) continue;
       double cpu = 0;
       if (shape.cpu_floor) {
         set_compute_threads(cpu_threads);

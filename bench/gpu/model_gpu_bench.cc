@@ -1,6 +1,7 @@
 // The policy model's training step on one GPU (rl/model/cuda/gpt_cuda.h):
 // forward, backward and AdamW on a GPT-2-small shape (12 layers, 12 heads,
-// 768 channels, 1024 positions), in float32, TF32 and bf16 products. It
+// 768 channels, 1024 positions), in float32, TF32 and bf16 products (bf16
+// with the fused attention, and without it as its baseline). It
 // reports tokens/s and the achieved TFLOP/s (llm.c's and PaLM's count:
 // 6 x parameters per token for the matrix products, position embeddings
 // left out as in bench/rl/model_bench.cc, plus the attention's
@@ -13,9 +14,13 @@
 // the shape llm.c's MFU numbers are for, and a larger share of the work in
 // one big product, so a higher ratio).
 //
+// BENCH_ONLY=L12_C768_T1024_B8_V259_bf16 runs that case alone; its timed
+// steps are bracketed for `ncu --profile-from-start off`.
+//
 // Without a GPU it prints one "skipped" line and exits 0, so bench/run goes on.
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
+#include <cuda_profiler_api.h>
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -59,7 +64,13 @@ const Mode kModes[] = {
     {"fp32", {.device = 0, .bf16_matmuls = false, .tf32 = false}, CUDA_R_32F, CUBLAS_COMPUTE_32F},
     {"tf32", {.device = 0, .bf16_matmuls = false, .tf32 = true}, CUDA_R_32F, CUBLAS_COMPUTE_32F_FAST_TF32},
     {"bf16", {.device = 0, .bf16_matmuls = true, .tf32 = false}, CUDA_R_16BF, CUBLAS_COMPUTE_32F},
+    // The baseline of the fused attention (flash_attention.cuh).
+    {"bf16_unfused",
+     {.device = 0, .bf16_matmuls = true, .tf32 = false, .fused_attention = false},
+     CUDA_R_16BF,
+     CUBLAS_COMPUTE_32F},
 };
+constexpr size_t kBf16Mode = 2, kBf16UnfusedMode = 3;
 
 /// Device memory, freed on scope exit.
 struct DeviceBytes {
@@ -210,8 +221,10 @@ int main(int argc, char** argv) {
     const double matmul_params = static_cast<double>(params.size() - cfg.context_length * cfg.channels);
     const double flops_per_token = 6.0 * matmul_params + 12.0 * L * static_cast<double>(shape.T) * C;
 
+    double step_seconds[std::size(kModes)] = {};
     for (size_t m = 0; m < std::size(kModes); ++m) {
       const Mode& mode = kModes[m];
+      if (!troupe::bench::selected(shape.name + "_" + mode.name)) continue;
       auto made = GptCuda::make(cfg, mode.options);
       if (!made) return fail(made.error().to_string());
       GptCuda model = std::move(*made);
@@ -228,16 +241,19 @@ int main(int argc, char** argv) {
         if (troupe::Status s = step(); !s.ok()) return fail(s.to_string());
       }
       std::vector<double> secs;
+      (void)cudaProfilerStart();  // under `ncu --profile-from-start off`, only the timed steps
       for (int i = 0; i < steps; ++i) {
         auto t0 = Clock::now();
         if (troupe::Status s = step(); !s.ok()) return fail(s.to_string());
         secs.push_back(troupe::bench::seconds_since(t0));
       }
+      (void)cudaProfilerStop();
       if (troupe::Status s = model.losses(losses.data()); !s.ok()) return fail(s.to_string());
       for (float x : losses) {
         if (!std::isfinite(x)) return fail(shape.name + " " + mode.name + ": a non-finite loss");
       }
       const double t = quantile(secs, 0.5);
+      step_seconds[m] = t;
       const double tokens_per_s = static_cast<double>(N) / t;
       const double tflops = flops_per_token * tokens_per_s / 1e12;
       const std::string metric = shape.name + "_" + mode.name;
@@ -245,6 +261,11 @@ int main(int argc, char** argv) {
       emit(kBench, "tflops_" + metric, tflops, "TFLOP/s",
            std::string("cuBLAS ") + mode.name + " GEMM peak (n=" + std::to_string(gemm_n) + "), this run", peaks[m],
            "ratio (MFU) >= 0.4");
+    }
+    if (step_seconds[kBf16Mode] > 0 && step_seconds[kBf16UnfusedMode] > 0) {
+      emit(kBench, "step_s_" + shape.name + "_bf16_fused_attention", step_seconds[kBf16Mode], "s",
+           "bf16 with the unfused attention (cuBLAS TF32 on the (T,T) scores), this run",
+           step_seconds[kBf16UnfusedMode], "report (ratio < 1: fused is faster)");
     }
   }
   return 0;

@@ -161,6 +161,43 @@ TEST_CASE("gpu model: losses and every gradient match the CPU model (tied and un
   }
 }
 
+TEST_CASE("gpu model: bf16's fused attention matches the CPU model over many 64-position tiles", "[gpu][rl]") {
+  // Head sizes 64 and 96 (the kernels' tiles are 64 positions and their
+  // products 16 wide); contexts of whole tiles, a partial last tile, and
+  // less than one.
+  for (size_t heads : {size_t{2}, size_t{3}}) {
+    const GptConfig config{
+        .vocab_size = 259, .context_length = 200, .layers = 2, .heads = heads, .channels = 192, .tied_embeddings = true};
+    INFO("heads " << heads);
+    auto cpu = Gpt<float>::make(config).value();
+    cpu.init_random(13);
+    GptCuda gpu = make_gpu(config, kBf16.options);
+    CHECK(gpu.attention_fused());
+    REQUIRE(gpu.init_from(cpu).ok());
+    cpu.zero_grad();
+    REQUIRE(gpu.zero_grad().ok());
+    check_step(cpu, gpu, random_batch(2, 200, config.vocab_size, 8), 2, 200, kBf16);
+    check_step(cpu, gpu, random_batch(3, 128, config.vocab_size, 9), 3, 128, kBf16);
+    check_step(cpu, gpu, random_batch(4, 40, config.vocab_size, 10), 4, 40, kBf16);
+  }
+  // The unfused baseline, and a head size the kernels do not take (8): both
+  // run unfused, to the same tolerance.
+  GptCudaOptions unfused = kBf16.options;
+  unfused.fused_attention = false;
+  const GptConfig narrow{.vocab_size = 259, .context_length = 32, .layers = 1, .heads = 8, .channels = 64};
+  for (auto [config, options] : {std::pair{small(true), unfused}, std::pair{narrow, kBf16.options}}) {
+    auto cpu = Gpt<float>::make(config).value();
+    cpu.init_random(14);
+    GptCuda gpu = make_gpu(config, options);
+    CHECK_FALSE(gpu.attention_fused());
+    REQUIRE(gpu.init_from(cpu).ok());
+    cpu.zero_grad();
+    REQUIRE(gpu.zero_grad().ok());
+    check_step(cpu, gpu, random_batch(3, 32, config.vocab_size, 11), 3, 32, kBf16);
+  }
+  CHECK(make_gpu(small(true), kBf16.options).attention_fused());
+}
+
 TEST_CASE("gpu model: zero_grad clears, and parameters and gradients round-trip bit-exactly", "[gpu][rl]") {
   const GptConfig config = small(false);
   GptCuda gpu = make_gpu(config, kFp32.options);

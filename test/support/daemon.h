@@ -13,12 +13,21 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <string>
 #include <utility>
 #include <vector>
 
 namespace troupe::test {
+
+/// The `troupe` command line that tests and benchmarks start: $TROUPE_CLI
+/// when set (a bundle carried to another machine, where this build's path
+/// does not exist: scripts/gpu.sh), else the one this build made.
+inline std::string troupe_cli() {
+  const char* env = std::getenv("TROUPE_CLI");
+  return env != nullptr && *env != '\0' ? std::string(env) : std::string(TROUPE_CLI);
+}
 
 class Daemon {
  public:

@@ -43,7 +43,7 @@ struct TempHome {
 
 inline std::unique_ptr<Daemon> launch(const TempHome& home, std::vector<std::string> args,
                                       std::vector<std::string> prefix = {}) {
-  auto d = std::make_unique<Daemon>(TROUPE_CLI, home.path, kToken, std::move(args), std::move(prefix));
+  auto d = std::make_unique<Daemon>(troupe_cli(), home.path, kToken, std::move(args), std::move(prefix));
   INFO("the daemon said: " << d->said());
   REQUIRE(d->ok());
   return d;

@@ -21,6 +21,7 @@
 #include <utility>
 #include <vector>
 
+#include "model/cuda/flash_attention.cuh"
 #include "model/cuda/kernels.cuh"
 
 namespace troupe::rl::model {
@@ -105,7 +106,7 @@ struct LayerActs {
   DeviceArray<float> ln1_mean;   // (N)
   DeviceArray<float> ln1_rstd;   // (N)
   DeviceArray<float> qkv;        // (N,3C)
-  DeviceArray<float> att;        // (B,NH,T,T) the softmax of the scores
+  DeviceArray<float> att;        // (B,NH,T,T) the softmax of the scores; fused: (B,NH,T) their log-sum-exps
   DeviceArray<float> atty;       // (N,C) attention output, before its projection
   DeviceArray<float> residual2;  // (N,C)
   DeviceArray<float> ln2;        // (N,C)
@@ -155,7 +156,7 @@ struct GptCuda::Impl {
   // Gradient scratch, shared by the layers: the residual stream's gradient,
   // one (N,C) and one (N,4C) buffer (a projection's output in the forward,
   // an input gradient in the backward), the attention output's gradient
-  // and the scores' (B,NH,T,T).
+  // and the scores' (B,NH,T,T) (fused: the backward's (B,NH,T) scratch).
   DeviceArray<float> dresidual, scratch_c, scratch_4c, datty, datt;
   DeviceArray<__nv_bfloat16> bf16_inp;   // (N,4C) a product's input, rounded
   DeviceArray<__nv_bfloat16> bf16_dout;  // (N, max(4C,V)) a product's output gradient, rounded
@@ -180,6 +181,8 @@ struct GptCuda::Impl {
   const GptConfig& config() const { return layout.config(); }
   size_t total() const { return layout.total(); }
   bool bf16() const { return options.bf16_matmuls; }
+  // The attention runs fused (start() decides, from the head size).
+  bool fused = false;
   cublasComputeType_t linear_compute() const {
     return options.tf32 && !options.bf16_matmuls ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
   }
@@ -235,6 +238,8 @@ Status GptCuda::Impl::start() {
   GPT_CUDA_TRY(params.allocate(P, "the parameters", ErrorCode::start_failed));
   GPT_CUDA_TRY(grads.allocate(P, "the gradients", ErrorCode::start_failed));
   if (bf16()) GPT_CUDA_TRY(params_bf16.allocate(P, "the bf16 parameters", ErrorCode::start_failed));
+  fused = bf16() && options.fused_attention &&
+          cuda::flash_attention_supported(config().channels / config().heads, options.device);
   GPT_CUDA_TRY(reduce.allocate(cuda::column_reduce_scratch_floats(4 * config().channels), "the reduction scratch",
                                ErrorCode::start_failed));
   GPT_CUDA_TRY(check(cudaMemsetAsync(params.get(), 0, P * sizeof(float), stream), "zeroing the parameters"));
@@ -244,7 +249,9 @@ Status GptCuda::Impl::start() {
 
 Status GptCuda::Impl::size_for(size_t batch, size_t time) {
   const GptConfig& c = config();
-  const size_t N = batch * time, C = c.channels, V = c.vocab_size, att = batch * c.heads * time * time;
+  // The scores (B,NH,T,T), or with the fused attention one float a row.
+  const size_t N = batch * time, C = c.channels, V = c.vocab_size,
+               att = batch * c.heads * time * (fused ? 1 : time);
   B = batch;
   T = time;
   if (N <= rows_capacity && att <= att_capacity) return {};
@@ -271,7 +278,7 @@ Status GptCuda::Impl::size_for(size_t batch, size_t time) {
     GPT_CUDA_TRY(a.ln1_mean.allocate(N, "ln1 mean", code));
     GPT_CUDA_TRY(a.ln1_rstd.allocate(N, "ln1 rstd", code));
     GPT_CUDA_TRY(a.qkv.allocate(N * 3 * C, "qkv", code));
-    GPT_CUDA_TRY(a.att.allocate(att, "the attention matrix", code));
+    GPT_CUDA_TRY(a.att.allocate(att, fused ? "the attention's log-sum-exps" : "the attention matrix", code));
     GPT_CUDA_TRY(a.atty.allocate(N * C, "the attention output", code));
     GPT_CUDA_TRY(a.residual2.allocate(N * C, "residual2", code));
     GPT_CUDA_TRY(a.ln2.allocate(N * C, "ln2", code));
@@ -292,7 +299,7 @@ Status GptCuda::Impl::size_for(size_t batch, size_t time) {
   GPT_CUDA_TRY(scratch_c.allocate(N * C, "scratch (N,C)", code));
   GPT_CUDA_TRY(scratch_4c.allocate(N * 4 * C, "scratch (N,4C)", code));
   GPT_CUDA_TRY(datty.allocate(N * C, "the attention output's gradient", code));
-  GPT_CUDA_TRY(datt.allocate(att, "the attention matrix's gradient", code));
+  GPT_CUDA_TRY(datt.allocate(att, fused ? "the attention backward's scratch" : "the attention matrix's gradient", code));
   if (bf16()) {
     GPT_CUDA_TRY(bf16_inp.allocate(N * 4 * C, "bf16 inputs", code));
     GPT_CUDA_TRY(bf16_dout.allocate(N * std::max(4 * C, V), "bf16 output gradients", code));
@@ -429,6 +436,10 @@ Status GptCuda::Impl::matmul_backward(float* dinp, size_t weight, float* dbias, 
 Status GptCuda::Impl::attention_forward(LayerActs& a) {
   const GptConfig& c = config();
   const size_t C = c.channels, NH = c.heads, hs = C / NH, TT = T * T;
+  if (fused) {
+    return check(cuda::flash_attention_forward(a.atty.get(), a.att.get(), a.qkv.get(), B, T, NH, C, stream),
+                 "fused attention");
+  }
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
   for (size_t b = 0; b < B; ++b) {
     const float* q = a.qkv.get() + b * T * 3 * C;
@@ -450,6 +461,11 @@ Status GptCuda::Impl::attention_forward(LayerActs& a) {
 Status GptCuda::Impl::attention_backward(float* dqkv, const float* dout, const LayerActs& a) {
   const GptConfig& c = config();
   const size_t C = c.channels, NH = c.heads, hs = C / NH, TT = T * T;
+  if (fused) {
+    return check(cuda::flash_attention_backward(dqkv, dout, a.qkv.get(), a.atty.get(), a.att.get(), datt.get(), B, T,
+                                                NH, C, stream),
+                 "fused attention backward");
+  }
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
   for (size_t b = 0; b < B; ++b) {
     const float* q = a.qkv.get() + b * T * 3 * C;
@@ -685,6 +701,7 @@ Result<int> GptCuda::device_count() {
 const ParamLayout& GptCuda::layout() const { return impl_->layout; }
 const GptConfig& GptCuda::config() const { return impl_->config(); }
 const GptCudaOptions& GptCuda::options() const { return impl_->options; }
+bool GptCuda::attention_fused() const { return impl_->fused; }
 
 Status GptCuda::upload_params(const float* host) {
   impl_->bf16_current = false;

@@ -17,11 +17,14 @@
 // Matrix products go to cuBLAS: float32 (cublasGemmEx, 32F compute), TF32
 // tensor cores (`tf32`), or bfloat16 (`bf16_matmuls`: float32 master
 // weights, weights and activations rounded to bf16 for the products, float32
-// accumulation and outputs; the attention's two batched products then use
-// TF32 on their float32 inputs instead of rounding the (B,NH,T,T) scores).
-// Everything else (LayerNorm, GELU, residuals, the causal softmax,
-// softmax + cross-entropy, bias and LayerNorm gradients, AdamW) is this
-// library's own kernels, in float32 (model/cuda/kernels.cuh).
+// accumulation and outputs; the attention is then one fused kernel each
+// way, flash_attention.cuh, with its products on bf16 too and no (T,T)
+// scores in memory, where the head size allows: a multiple of 16 up to 128).
+// Everything else (LayerNorm, GELU, residuals, the causal softmax of the
+// unfused attention, softmax + cross-entropy, bias and LayerNorm gradients,
+// AdamW) is this library's own kernels, in float32 (model/cuda/kernels.cuh).
+// The unfused attention (float32 and TF32, and bf16 with other head sizes)
+// is cuBLAS's batched products on the (B,NH,T,T) scores, TF32 in bf16.
 //
 // All work of one model runs in order on one CUDA stream of its own; the
 // host waits only where it reads a result (losses, downloads, the gradient
@@ -54,8 +57,12 @@ struct GptCudaOptions {
   /// accumulation); parameters, gradients and optimizer state stay float32.
   bool bf16_matmuls = false;
   /// float32 matrix products on TF32 tensor cores (ignored with
-  /// bf16_matmuls, whose attention products always use TF32).
+  /// bf16_matmuls).
   bool tf32 = false;
+  /// With bf16_matmuls: the attention fused (flash_attention.cuh) where the
+  /// head size allows; false keeps cuBLAS's products on the whole (T,T)
+  /// scores (TF32), the baseline the fused kernels are measured against.
+  bool fused_attention = true;
 };
 
 /// A GPT (config.h) whose parameters, gradients, AdamW moments and
@@ -80,6 +87,9 @@ class GptCuda {
   const ParamLayout& layout() const;
   const GptConfig& config() const;
   const GptCudaOptions& options() const;
+  /// Whether the attention runs fused (flash_attention.cuh): bf16_matmuls
+  /// and fused_attention set, and a head size the kernels take.
+  bool attention_fused() const;
 
   /// Copies layout().total() parameters in, from host memory in the
   /// layout's order.

@@ -2,6 +2,7 @@
 // rows or elements, so a launch's grid is a performance choice only, capped
 // well inside the hardware's limits, and no index is computed in 32 bits.
 #include "kernels.cuh"
+#include "warp_reduce.cuh"
 
 #include <algorithm>
 #include <cmath>
@@ -9,8 +10,6 @@
 namespace troupe::rl::model::cuda {
 namespace {
 
-constexpr unsigned kWarp = 32;
-constexpr unsigned kFullMask = 0xffffffffu;
 constexpr unsigned kThreads = 256;  // per block, a multiple of kWarp
 constexpr size_t kMaxBlocks = size_t{1} << 16;
 constexpr size_t kMaxGridY = 65535;  // the hardware's limit on gridDim.y
@@ -44,17 +43,6 @@ dim3 row_col_grid(size_t rows, size_t cols, unsigned threads) {
 }
 
 size_t chunks_for(size_t rows) { return std::clamp<size_t>((rows + kMinChunkRows - 1) / kMinChunkRows, 1, kMaxChunks); }
-
-template <class T>
-__device__ T warp_sum(T v) {
-  for (unsigned o = kWarp / 2; o > 0; o /= 2) v += __shfl_xor_sync(kFullMask, v, o);
-  return v;
-}
-
-__device__ float warp_max(float v) {
-  for (unsigned o = kWarp / 2; o > 0; o /= 2) v = fmaxf(v, __shfl_xor_sync(kFullMask, v, o));
-  return v;
-}
 
 // Sum (or max) over the block; every thread gets the result. REQUIRES:
 // blockDim.x a multiple of kWarp, all threads of the block call it.

@@ -1,0 +1,400 @@
+// The fused causal attention of flash_attention.cuh.
+//
+// Each warp owns 16 rows of a 64-row tile: the rows of the scores it
+// computes, softmaxes and multiplies on (queries forward; queries for the
+// scores and keys for dK and dV backward). Shared memory holds the tiles
+// in bf16 (the products' inputs, rows padded by 8 so that WMMA's loads
+// spread over the banks) and the float32 scores and accumulators (padded
+// by 4). Every WMMA pointer is 32-byte aligned: row pitches are multiples
+// of 16 bytes and fragments start on 16-row, 16-column boundaries.
+#include "flash_attention.cuh"
+#include "warp_reduce.cuh"
+
+#include <cuda_bf16.h>
+#include <mma.h>
+
+#include <algorithm>
+#include <cmath>
+
+namespace troupe::rl::model::cuda {
+namespace {
+
+using namespace nvcuda;
+using bf16 = __nv_bfloat16;
+
+constexpr int kTile = 64;  // queries and keys per tile
+constexpr int kFrag = 16;  // WMMA's m, n and k
+constexpr int kWarps = kTile / kFrag;
+constexpr int kBlockThreads = kWarps * kWarp;
+constexpr int kPadH = 8;                  // bf16 row padding, elements
+constexpr int kPadF = 4;                  // float row padding, elements
+constexpr int kLdP = kTile + kPadH;       // a (64,64) bf16 tile's pitch
+constexpr int kLdS = kTile + kPadF;       // a (64,64) float tile's pitch
+constexpr size_t kMaxHeadSize = 128;
+constexpr size_t kMaxGridY = 65535;
+
+using FragA = wmma::fragment<wmma::matrix_a, kFrag, kFrag, kFrag, bf16, wmma::row_major>;
+using FragAT = wmma::fragment<wmma::matrix_a, kFrag, kFrag, kFrag, bf16, wmma::col_major>;
+using FragB = wmma::fragment<wmma::matrix_b, kFrag, kFrag, kFrag, bf16, wmma::row_major>;
+using FragBT = wmma::fragment<wmma::matrix_b, kFrag, kFrag, kFrag, bf16, wmma::col_major>;
+using FragC = wmma::fragment<wmma::accumulator, kFrag, kFrag, kFrag, float>;
+
+/// Shared memory of the forward: Q, K, V (bf16, 64 x ldh), P (bf16, 64 x
+/// kLdP), S (float, 64 x kLdS), O (float, 64 x ldf), then the rows' running
+/// max and sum.
+size_t forward_shared_bytes(size_t D) {
+  const size_t ldh = D + kPadH, ldf = D + kPadF;
+  return 3 * kTile * ldh * sizeof(bf16) + kTile * kLdP * sizeof(bf16) + kTile * kLdS * sizeof(float) +
+         kTile * ldf * sizeof(float) + 2 * kTile * sizeof(float);
+}
+
+/// Shared memory of the backward: K, V, Q, dO (bf16, 64 x ldh), P and dS
+/// (bf16, 64 x kLdP), S (float, 64 x kLdS), dK and dV (float, 64 x ldf),
+/// the rows' log-sum-exps and D, and one 16 x 16 float scratch per warp.
+size_t backward_shared_bytes(size_t D) {
+  const size_t ldh = D + kPadH, ldf = D + kPadF;
+  return 4 * kTile * ldh * sizeof(bf16) + 2 * kTile * kLdP * sizeof(bf16) + kTile * kLdS * sizeof(float) +
+         2 * kTile * ldf * sizeof(float) + 2 * kTile * sizeof(float) + kWarps * kFrag * kFrag * sizeof(float);
+}
+
+/// dst (64 x D, pitch ld) = rows first..first+63 of src (row stride
+/// `stride` floats), rounded to bf16; rows at or past T are zeros. D is a
+/// multiple of 16 and src 16-byte aligned, so rows load as float4s.
+__device__ void load_tile(bf16* dst, int ld, const float* src, size_t stride, int first, int T, int D) {
+  const int quads = D / 4;
+  for (int idx = threadIdx.x; idx < kTile * quads; idx += blockDim.x) {
+    const int row = idx / quads, col = (idx % quads) * 4;
+    const int t = first + row;
+    float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+    if (t < T) v = *reinterpret_cast<const float4*>(src + static_cast<size_t>(t) * stride + col);
+    auto* out = reinterpret_cast<__nv_bfloat162*>(dst + row * ld + col);
+    out[0] = __floats2bfloat162_rn(v.x, v.y);
+    out[1] = __floats2bfloat162_rn(v.z, v.w);
+  }
+}
+
+/// S (16 x 64 at s, pitch kLdS) = A (16 x D at a, pitch ldh) x B^T, B the
+/// 64 x D tile at b (pitch ldh): one warp's rows of a tile's scores.
+__device__ void rows_times_tile_t(float* s, const bf16* a, const bf16* b, int ldh, int D) {
+  for (int n = 0; n < kTile / kFrag; ++n) {
+    FragC acc;
+    wmma::fill_fragment(acc, 0.0f);
+    for (int k = 0; k < D; k += kFrag) {
+      FragA fa;
+      FragBT fb;
+      wmma::load_matrix_sync(fa, a + k, ldh);
+      wmma::load_matrix_sync(fb, b + n * kFrag * ldh + k, ldh);
+      wmma::mma_sync(acc, fa, fb, acc);
+    }
+    wmma::store_matrix_sync(s + n * kFrag, acc, kLdS, wmma::mem_row_major);
+  }
+}
+
+__global__ void __launch_bounds__(kBlockThreads)
+    flash_forward_kernel(float* atty, float* lse, const float* qkv, int T, int NH, int C, int D, float scale) {
+  extern __shared__ __align__(128) unsigned char shared[];
+  const int ldh = D + kPadH, ldf = D + kPadF;
+  bf16* q_tile = reinterpret_cast<bf16*>(shared);
+  bf16* k_tile = q_tile + kTile * ldh;
+  bf16* v_tile = k_tile + kTile * ldh;
+  bf16* p_tile = v_tile + kTile * ldh;
+  float* s_tile = reinterpret_cast<float*>(p_tile + kTile * kLdP);
+  float* o_tile = s_tile + kTile * kLdS;
+  float* row_max = o_tile + kTile * ldf;
+  float* row_sum = row_max + kTile;
+
+  const int qt = static_cast<int>(blockIdx.x), bh = static_cast<int>(blockIdx.y);
+  const int b = bh / NH, h = bh % NH;
+  const int q0 = qt * kTile;
+  const size_t stride = 3 * static_cast<size_t>(C);
+  const float* base = qkv + static_cast<size_t>(b) * T * stride + static_cast<size_t>(h) * D;
+  const int warp = static_cast<int>(threadIdx.x) / kWarp, lane = static_cast<int>(threadIdx.x) % kWarp;
+  const int r0 = warp * kFrag;
+
+  load_tile(q_tile, ldh, base, stride, q0, T, D);
+  for (int i = threadIdx.x; i < kTile * ldf; i += blockDim.x) o_tile[i] = 0.0f;
+  if (threadIdx.x < kTile) {
+    row_max[threadIdx.x] = -INFINITY;
+    row_sum[threadIdx.x] = 0.0f;
+  }
+  // Key tiles up to the diagonal: past it every score is masked.
+  for (int kt = 0; kt <= qt; ++kt) {
+    const int k0 = kt * kTile;
+    __syncthreads();  // the last tile's keys and values are read
+    load_tile(k_tile, ldh, base + C, stride, k0, T, D);
+    load_tile(v_tile, ldh, base + 2 * C, stride, k0, T, D);
+    __syncthreads();
+    rows_times_tile_t(s_tile + r0 * kLdS, q_tile + r0 * ldh, k_tile, ldh, D);
+    __syncwarp();
+    // The online softmax of the warp's rows: a new running max rescales
+    // the sum and the output so far. The diagonal tile holds key k0 <= the
+    // row's query, so every row has an unmasked score and a finite max.
+    for (int rr = 0; rr < kFrag; ++rr) {
+      const int r = r0 + rr, i = q0 + r;
+      float s[2];
+      float mx = -INFINITY;
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int c = lane + half * kWarp;
+        s[half] = k0 + c <= i ? s_tile[r * kLdS + c] * scale : -INFINITY;
+        mx = fmaxf(mx, s[half]);
+      }
+      mx = warp_max(mx);
+      const float m_old = row_max[r];
+      const float m_new = fmaxf(m_old, mx);
+      float sum = 0.0f;
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const float p = __expf(s[half] - m_new);  // 0 where masked
+        p_tile[r * kLdP + lane + half * kWarp] = __float2bfloat16(p);
+        sum += p;
+      }
+      sum = warp_sum(sum);
+      const float alpha = __expf(m_old - m_new);  // 0 on the first tile
+      for (int d = lane; d < D; d += kWarp) o_tile[r * ldf + d] *= alpha;
+      __syncwarp();  // every lane read row_max[r] before it changes
+      if (lane == 0) {
+        row_max[r] = m_new;
+        row_sum[r] = row_sum[r] * alpha + sum;
+      }
+    }
+    __syncwarp();
+    // O (the warp's 16 rows) += P (16 x 64) x V (64 x D).
+    for (int n = 0; n < D / kFrag; ++n) {
+      FragC acc;
+      wmma::load_matrix_sync(acc, o_tile + r0 * ldf + n * kFrag, ldf, wmma::mem_row_major);
+      for (int k = 0; k < kTile; k += kFrag) {
+        FragA fa;
+        FragB fb;
+        wmma::load_matrix_sync(fa, p_tile + r0 * kLdP + k, kLdP);
+        wmma::load_matrix_sync(fb, v_tile + k * ldh + n * kFrag, ldh);
+        wmma::mma_sync(acc, fa, fb, acc);
+      }
+      wmma::store_matrix_sync(o_tile + r0 * ldf + n * kFrag, acc, ldf, wmma::mem_row_major);
+    }
+  }
+  __syncwarp();
+  for (int rr = 0; rr < kFrag; ++rr) {
+    const int r = r0 + rr, i = q0 + r;
+    if (i >= T) break;
+    const float inv = 1.0f / row_sum[r];
+    float* out = atty + (static_cast<size_t>(b) * T + i) * C + static_cast<size_t>(h) * D;
+    for (int d = lane; d < D; d += kWarp) out[d] = o_tile[r * ldf + d] * inv;
+    if (lane == 0) lse[static_cast<size_t>(bh) * T + i] = row_max[r] + logf(row_sum[r]);
+  }
+}
+
+/// delta[(b*NH + h)*T + t] = sum over the head's columns of dout * atty:
+/// the softmax backward's row term (FlashAttention-2's D). One warp a row.
+__global__ void flash_delta_kernel(float* delta, const float* dout, const float* atty, size_t rows, int T, int NH,
+                                   int C, int D) {
+  const size_t warps = static_cast<size_t>(gridDim.x) * (blockDim.x / kWarp);
+  const int lane = static_cast<int>(threadIdx.x) % kWarp;
+  for (size_t w = blockIdx.x * (blockDim.x / kWarp) + threadIdx.x / kWarp; w < rows; w += warps) {
+    const size_t bt = w / NH;  // the row of dout and atty
+    const int h = static_cast<int>(w % NH);
+    const size_t off = bt * C + static_cast<size_t>(h) * D;
+    float sum = 0.0f;
+    for (int d = lane; d < D; d += kWarp) sum += dout[off + d] * atty[off + d];
+    sum = warp_sum(sum);
+    const size_t b = bt / T, t = bt % T;
+    if (lane == 0) delta[(b * NH + h) * T + t] = sum;
+  }
+}
+
+__global__ void __launch_bounds__(kBlockThreads)
+    flash_backward_kernel(float* dqkv, const float* dout, const float* qkv, const float* lse, const float* delta,
+                          int T, int NH, int C, int D, float scale) {
+  extern __shared__ __align__(128) unsigned char shared[];
+  const int ldh = D + kPadH, ldf = D + kPadF;
+  bf16* k_tile = reinterpret_cast<bf16*>(shared);
+  bf16* v_tile = k_tile + kTile * ldh;
+  bf16* q_tile = v_tile + kTile * ldh;
+  bf16* do_tile = q_tile + kTile * ldh;
+  bf16* p_tile = do_tile + kTile * ldh;
+  bf16* ds_tile = p_tile + kTile * kLdP;
+  float* s_tile = reinterpret_cast<float*>(ds_tile + kTile * kLdP);
+  float* dk_acc = s_tile + kTile * kLdS;
+  float* dv_acc = dk_acc + kTile * ldf;
+  float* row_lse = dv_acc + kTile * ldf;
+  float* row_delta = row_lse + kTile;
+  float* scratch_all = row_delta + kTile;
+
+  const int kt = static_cast<int>(blockIdx.x), bh = static_cast<int>(blockIdx.y);
+  const int b = bh / NH, h = bh % NH;
+  const int k0 = kt * kTile;
+  const size_t stride = 3 * static_cast<size_t>(C);
+  const float* base = qkv + static_cast<size_t>(b) * T * stride + static_cast<size_t>(h) * D;
+  const float* dout_base = dout + static_cast<size_t>(b) * T * C + static_cast<size_t>(h) * D;
+  float* dq_base = dqkv + static_cast<size_t>(b) * T * stride + static_cast<size_t>(h) * D;
+  const int warp = static_cast<int>(threadIdx.x) / kWarp, lane = static_cast<int>(threadIdx.x) % kWarp;
+  const int r0 = warp * kFrag;
+  float* scratch = scratch_all + warp * kFrag * kFrag;
+
+  load_tile(k_tile, ldh, base + C, stride, k0, T, D);
+  load_tile(v_tile, ldh, base + 2 * C, stride, k0, T, D);
+  for (int i = threadIdx.x; i < kTile * ldf; i += blockDim.x) dk_acc[i] = dv_acc[i] = 0.0f;
+
+  const int tiles = (T + kTile - 1) / kTile;
+  // Query tiles from the diagonal on: before it every score is masked.
+  for (int qt = kt; qt < tiles; ++qt) {
+    const int q0 = qt * kTile;
+    __syncthreads();  // the last tile's queries, dO, P and dS are read
+    load_tile(q_tile, ldh, base, stride, q0, T, D);
+    load_tile(do_tile, ldh, dout_base, C, q0, T, D);
+    if (threadIdx.x < kTile) {
+      const int i = q0 + static_cast<int>(threadIdx.x);
+      row_lse[threadIdx.x] = i < T ? lse[static_cast<size_t>(bh) * T + i] : 0.0f;
+      row_delta[threadIdx.x] = i < T ? delta[static_cast<size_t>(bh) * T + i] : 0.0f;
+    }
+    __syncthreads();
+
+    // P (the warp's query rows) = exp(scale * Q K^T - lse), the forward's
+    // probabilities; zero where masked and on rows past T.
+    rows_times_tile_t(s_tile + r0 * kLdS, q_tile + r0 * ldh, k_tile, ldh, D);
+    __syncwarp();
+    float p[kFrag][2];
+#pragma unroll
+    for (int rr = 0; rr < kFrag; ++rr) {
+      const int r = r0 + rr, i = q0 + r;
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int c = lane + half * kWarp;
+        const bool live = i < T && k0 + c <= i;
+        p[rr][half] = live ? __expf(s_tile[r * kLdS + c] * scale - row_lse[r]) : 0.0f;
+        p_tile[r * kLdP + c] = __float2bfloat16(p[rr][half]);
+      }
+    }
+    __syncwarp();
+    // dP = dO V^T over the same rows, then dS = P * (dP - delta).
+    rows_times_tile_t(s_tile + r0 * kLdS, do_tile + r0 * ldh, v_tile, ldh, D);
+    __syncwarp();
+#pragma unroll
+    for (int rr = 0; rr < kFrag; ++rr) {
+      const int r = r0 + rr;
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int c = lane + half * kWarp;
+        ds_tile[r * kLdP + c] = __float2bfloat16(p[rr][half] * (s_tile[r * kLdS + c] - row_delta[r]));
+      }
+    }
+    __syncthreads();  // every row's P and dS
+
+    // dV (the warp's key rows) += P^T dO and dK += dS^T Q: P^T's 16-row
+    // blocks are P's columns, read column-major.
+    for (int n = 0; n < D / kFrag; ++n) {
+      FragC acc_v, acc_k;
+      wmma::load_matrix_sync(acc_v, dv_acc + r0 * ldf + n * kFrag, ldf, wmma::mem_row_major);
+      wmma::load_matrix_sync(acc_k, dk_acc + r0 * ldf + n * kFrag, ldf, wmma::mem_row_major);
+      for (int k = 0; k < kTile; k += kFrag) {
+        FragAT fa;
+        FragB fb;
+        wmma::load_matrix_sync(fa, p_tile + k * kLdP + r0, kLdP);
+        wmma::load_matrix_sync(fb, do_tile + k * ldh + n * kFrag, ldh);
+        wmma::mma_sync(acc_v, fa, fb, acc_v);
+        wmma::load_matrix_sync(fa, ds_tile + k * kLdP + r0, kLdP);
+        wmma::load_matrix_sync(fb, q_tile + k * ldh + n * kFrag, ldh);
+        wmma::mma_sync(acc_k, fa, fb, acc_k);
+      }
+      wmma::store_matrix_sync(dv_acc + r0 * ldf + n * kFrag, acc_v, ldf, wmma::mem_row_major);
+      wmma::store_matrix_sync(dk_acc + r0 * ldf + n * kFrag, acc_k, ldf, wmma::mem_row_major);
+    }
+    // dQ (the warp's query rows) += scale * dS K: other key tiles' blocks
+    // add to the same rows, so through atomics.
+    for (int n = 0; n < D / kFrag; ++n) {
+      FragC acc;
+      wmma::fill_fragment(acc, 0.0f);
+      for (int k = 0; k < kTile; k += kFrag) {
+        FragA fa;
+        FragB fb;
+        wmma::load_matrix_sync(fa, ds_tile + r0 * kLdP + k, kLdP);
+        wmma::load_matrix_sync(fb, k_tile + k * ldh + n * kFrag, ldh);
+        wmma::mma_sync(acc, fa, fb, acc);
+      }
+      wmma::store_matrix_sync(scratch, acc, kFrag, wmma::mem_row_major);
+      __syncwarp();
+      for (int e = lane; e < kFrag * kFrag; e += kWarp) {
+        const int i = q0 + r0 + e / kFrag;
+        if (i < T) atomicAdd(dq_base + static_cast<size_t>(i) * stride + n * kFrag + e % kFrag, scale * scratch[e]);
+      }
+      __syncwarp();
+    }
+  }
+  __syncthreads();
+  for (int idx = threadIdx.x; idx < kTile * D; idx += blockDim.x) {
+    const int row = idx / D, d = idx % D, j = k0 + row;
+    if (j >= T) continue;
+    float* out = dq_base + static_cast<size_t>(j) * stride + d;
+    out[C] = dk_acc[row * ldf + d] * scale;
+    out[2 * C] = dv_acc[row * ldf + d];
+  }
+}
+
+/// The launch's grid, or false when the shape is outside the kernels'.
+bool flash_grid(size_t B, size_t T, size_t NH, size_t C, dim3* grid) {
+  if (B == 0 || T == 0 || NH == 0 || C % NH != 0 || B * NH > kMaxGridY || 3 * C * B * T > (size_t{1} << 62)) {
+    return false;
+  }
+  const size_t D = C / NH;
+  if (D == 0 || D % kFrag != 0 || D > kMaxHeadSize || T > static_cast<size_t>(1) << 30) return false;
+  *grid = dim3(static_cast<unsigned>((T + kTile - 1) / kTile), static_cast<unsigned>(B * NH));
+  return true;
+}
+
+}  // namespace
+
+bool flash_attention_supported(size_t head_size, int device) {
+  if (head_size == 0 || head_size % kFrag != 0 || head_size > kMaxHeadSize) return false;
+  int optin = 0;
+  if (cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  const size_t limit = static_cast<size_t>(optin);
+  return forward_shared_bytes(head_size) <= limit && backward_shared_bytes(head_size) <= limit;
+}
+
+cudaError_t flash_attention_forward(float* atty, float* lse, const float* qkv, size_t B, size_t T, size_t NH,
+                                    size_t C, cudaStream_t stream) {
+  dim3 grid;
+  if (!flash_grid(B, T, NH, C, &grid)) return cudaErrorInvalidValue;
+  const size_t D = C / NH, bytes = forward_shared_bytes(D);
+  cudaError_t e = cudaFuncSetAttribute(flash_forward_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       static_cast<int>(bytes));
+  if (e != cudaSuccess) return e;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  flash_forward_kernel<<<grid, kBlockThreads, bytes, stream>>>(atty, lse, qkv, static_cast<int>(T),
+                                                               static_cast<int>(NH), static_cast<int>(C),
+                                                               static_cast<int>(D), scale);
+  return cudaGetLastError();
+}
+
+cudaError_t flash_attention_backward(float* dqkv, const float* dout, const float* qkv, const float* atty,
+                                     const float* lse, float* scratch, size_t B, size_t T, size_t NH, size_t C,
+                                     cudaStream_t stream) {
+  dim3 grid;
+  if (!flash_grid(B, T, NH, C, &grid)) return cudaErrorInvalidValue;
+  const size_t D = C / NH, bytes = backward_shared_bytes(D);
+  cudaError_t e = cudaFuncSetAttribute(flash_backward_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       static_cast<int>(bytes));
+  if (e != cudaSuccess) return e;
+  // The queries' third is a sum of atomics: it starts at zero. (The keys'
+  // and values' thirds are written whole by their tiles' blocks.)
+  e = cudaMemset2DAsync(dqkv, 3 * C * sizeof(float), 0, C * sizeof(float), B * T, stream);
+  if (e != cudaSuccess) return e;
+  const size_t rows = B * T * NH;
+  constexpr unsigned kDeltaThreads = 256;
+  const size_t warps_per_block = kDeltaThreads / kWarp;
+  const auto delta_blocks = static_cast<unsigned>(std::min<size_t>((rows + warps_per_block - 1) / warps_per_block, 65536));
+  flash_delta_kernel<<<delta_blocks, kDeltaThreads, 0, stream>>>(scratch, dout, atty, rows, static_cast<int>(T),
+                                                                 static_cast<int>(NH), static_cast<int>(C),
+                                                                 static_cast<int>(D));
+  if ((e = cudaGetLastError()) != cudaSuccess) return e;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  flash_backward_kernel<<<grid, kBlockThreads, bytes, stream>>>(dqkv, dout, qkv, lse, scratch, static_cast<int>(T),
+                                                                static_cast<int>(NH), static_cast<int>(C),
+                                                                static_cast<int>(D), scale);
+  return cudaGetLastError();
+}
+
+}  // namespace troupe::rl::model::cuda
