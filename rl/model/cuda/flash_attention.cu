@@ -15,6 +15,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 
 namespace troupe::rl::model::cuda {
 namespace {
@@ -57,62 +58,103 @@ size_t backward_shared_bytes(size_t D) {
          2 * kTile * ldf * sizeof(float) + 2 * kTile * sizeof(float) + kWarps * kFrag * kFrag * sizeof(float);
 }
 
-/// dst (64 x D, pitch ld) = rows first..first+63 of src (row stride
-/// `stride` floats), rounded to bf16; rows at or past T are zeros. D is a
-/// multiple of 16 and src 16-byte aligned, so rows load as float4s.
-__device__ void load_tile(bf16* dst, int ld, const float* src, size_t stride, int first, int T, int D) {
-  const int quads = D / 4;
-  for (int idx = threadIdx.x; idx < kTile * quads; idx += blockDim.x) {
-    const int row = idx / quads, col = (idx % quads) * 4;
+/// dst (64 x D, pitch D + kPadH) = rows first..first+63 of src (row
+/// stride `stride` floats), rounded to bf16; rows at or past T are zeros.
+/// D is a multiple of 16 and src 16-byte aligned, so rows load as float4s.
+template <int D>
+__device__ void load_tile(bf16* dst, const float* src, size_t stride, int first, int T) {
+  constexpr int kQuads = D / 4, kLd = D + kPadH;
+  for (int idx = threadIdx.x; idx < kTile * kQuads; idx += kBlockThreads) {
+    const int row = idx / kQuads, col = (idx % kQuads) * 4;
     const int t = first + row;
     float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
     if (t < T) v = *reinterpret_cast<const float4*>(src + static_cast<size_t>(t) * stride + col);
-    auto* out = reinterpret_cast<__nv_bfloat162*>(dst + row * ld + col);
+    auto* out = reinterpret_cast<__nv_bfloat162*>(dst + row * kLd + col);
     out[0] = __floats2bfloat162_rn(v.x, v.y);
     out[1] = __floats2bfloat162_rn(v.z, v.w);
   }
 }
 
-/// S (16 x 64 at s, pitch kLdS) = A (16 x D at a, pitch ldh) x B^T, B the
-/// 64 x D tile at b (pitch ldh): one warp's rows of a tile's scores.
-__device__ void rows_times_tile_t(float* s, const bf16* a, const bf16* b, int ldh, int D) {
+/// S (16 x 64 at s, pitch kLdS) = A (16 x D at a) x B^T, B the 64 x D tile
+/// at b: one warp's rows of a tile's scores (bf16 operands of pitch D + kPadH).
+template <int D>
+__device__ void rows_times_tile_t(float* s, const bf16* a, const bf16* b) {
+  constexpr int kLd = D + kPadH;
+  FragA fa[D / kFrag];
+#pragma unroll
+  for (int k = 0; k < D / kFrag; ++k) wmma::load_matrix_sync(fa[k], a + k * kFrag, kLd);
+#pragma unroll
   for (int n = 0; n < kTile / kFrag; ++n) {
     FragC acc;
     wmma::fill_fragment(acc, 0.0f);
-    for (int k = 0; k < D; k += kFrag) {
-      FragA fa;
+#pragma unroll
+    for (int k = 0; k < D / kFrag; ++k) {
       FragBT fb;
-      wmma::load_matrix_sync(fa, a + k, ldh);
-      wmma::load_matrix_sync(fb, b + n * kFrag * ldh + k, ldh);
-      wmma::mma_sync(acc, fa, fb, acc);
+      wmma::load_matrix_sync(fb, b + n * kFrag * kLd + k * kFrag, kLd);
+      wmma::mma_sync(acc, fa[k], fb, acc);
     }
     wmma::store_matrix_sync(s + n * kFrag, acc, kLdS, wmma::mem_row_major);
   }
 }
 
+/// A row-half of a warp's 16 rows of a (64,64) float tile: lane l takes row
+/// l % 16 and columns (l / 16) * 32.. +32, so that a row's two halves are
+/// lanes l and l ^ 16, and the eight lanes of each 16-byte load phase read
+/// eight rows (banks 4 apart with kLdS's padding: no conflicts).
+struct RowHalf {
+  int row;  // in the warp's 16
+  int col;  // the first of the lane's 32 columns
+};
+__device__ RowHalf row_half(int lane) { return {lane % kFrag, (lane / kFrag) * static_cast<int>(kWarp)}; }
+
+/// v[0..32) = the lane's 32 floats at `src`, loaded as float4s.
+__device__ void load_row_half(float (&v)[kWarp], const float* src) {
+#pragma unroll
+  for (int j = 0; j < kWarp; j += 4) {
+    const float4 x = *reinterpret_cast<const float4*>(src + j);
+    v[j] = x.x;
+    v[j + 1] = x.y;
+    v[j + 2] = x.z;
+    v[j + 3] = x.w;
+  }
+}
+
+/// dst[0..32) = v rounded to bf16, stored as pairs.
+__device__ void store_row_half(bf16* dst, const float (&v)[kWarp]) {
+#pragma unroll
+  for (int j = 0; j < kWarp; j += 2) {
+    *reinterpret_cast<__nv_bfloat162*>(dst + j) = __floats2bfloat162_rn(v[j], v[j + 1]);
+  }
+}
+
+template <int D>
 __global__ void __launch_bounds__(kBlockThreads)
-    flash_forward_kernel(float* atty, float* lse, const float* qkv, int T, int NH, int C, int D, float scale) {
+    flash_forward_kernel(float* atty, float* lse, const float* qkv, int T, int NH, int C, float scale) {
+  constexpr int kLdH = D + kPadH, kLdF = D + kPadF;
   extern __shared__ __align__(128) unsigned char shared[];
-  const int ldh = D + kPadH, ldf = D + kPadF;
   bf16* q_tile = reinterpret_cast<bf16*>(shared);
-  bf16* k_tile = q_tile + kTile * ldh;
-  bf16* v_tile = k_tile + kTile * ldh;
-  bf16* p_tile = v_tile + kTile * ldh;
+  bf16* k_tile = q_tile + kTile * kLdH;
+  bf16* v_tile = k_tile + kTile * kLdH;
+  bf16* p_tile = v_tile + kTile * kLdH;
   float* s_tile = reinterpret_cast<float*>(p_tile + kTile * kLdP);
   float* o_tile = s_tile + kTile * kLdS;
-  float* row_max = o_tile + kTile * ldf;
+  float* row_max = o_tile + kTile * kLdF;
   float* row_sum = row_max + kTile;
 
-  const int qt = static_cast<int>(blockIdx.x), bh = static_cast<int>(blockIdx.y);
+  // The last query tiles have the most key tiles: they start first, so
+  // that the short ones fill the tail.
+  const int qt = static_cast<int>(gridDim.x - 1 - blockIdx.x), bh = static_cast<int>(blockIdx.y);
   const int b = bh / NH, h = bh % NH;
   const int q0 = qt * kTile;
   const size_t stride = 3 * static_cast<size_t>(C);
   const float* base = qkv + static_cast<size_t>(b) * T * stride + static_cast<size_t>(h) * D;
   const int warp = static_cast<int>(threadIdx.x) / kWarp, lane = static_cast<int>(threadIdx.x) % kWarp;
   const int r0 = warp * kFrag;
+  const RowHalf mine = row_half(lane);
+  const int r = r0 + mine.row, i = q0 + r;
 
-  load_tile(q_tile, ldh, base, stride, q0, T, D);
-  for (int i = threadIdx.x; i < kTile * ldf; i += blockDim.x) o_tile[i] = 0.0f;
+  load_tile<D>(q_tile, base, stride, q0, T);
+  for (int x = threadIdx.x; x < kTile * kLdF; x += kBlockThreads) o_tile[x] = 0.0f;
   if (threadIdx.x < kTile) {
     row_max[threadIdx.x] = -INFINITY;
     row_sum[threadIdx.x] = 0.0f;
@@ -120,67 +162,83 @@ __global__ void __launch_bounds__(kBlockThreads)
   // Key tiles up to the diagonal: past it every score is masked.
   for (int kt = 0; kt <= qt; ++kt) {
     const int k0 = kt * kTile;
-    __syncthreads();  // the last tile's keys and values are read
-    load_tile(k_tile, ldh, base + C, stride, k0, T, D);
-    load_tile(v_tile, ldh, base + 2 * C, stride, k0, T, D);
+    __syncthreads();  // the last tile's keys and values are read (and, first, Q is in)
+    load_tile<D>(k_tile, base + C, stride, k0, T);
+    load_tile<D>(v_tile, base + 2 * C, stride, k0, T);
     __syncthreads();
-    rows_times_tile_t(s_tile + r0 * kLdS, q_tile + r0 * ldh, k_tile, ldh, D);
+    rows_times_tile_t<D>(s_tile + r0 * kLdS, q_tile + r0 * kLdH, k_tile);
     __syncwarp();
-    // The online softmax of the warp's rows: a new running max rescales
-    // the sum and the output so far. The diagonal tile holds key k0 <= the
-    // row's query, so every row has an unmasked score and a finite max.
-    for (int rr = 0; rr < kFrag; ++rr) {
-      const int r = r0 + rr, i = q0 + r;
-      float s[2];
-      float mx = -INFINITY;
+    // The online softmax: a new running max rescales the sum and the
+    // output so far. The diagonal tile holds key k0 <= every row's query,
+    // so each row has an unmasked score and a finite max.
+    float s[kWarp];
+    load_row_half(s, s_tile + r * kLdS + mine.col);
+    float mx = -INFINITY;
 #pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int c = lane + half * kWarp;
-        s[half] = k0 + c <= i ? s_tile[r * kLdS + c] * scale : -INFINITY;
-        mx = fmaxf(mx, s[half]);
-      }
-      mx = warp_max(mx);
-      const float m_old = row_max[r];
-      const float m_new = fmaxf(m_old, mx);
-      float sum = 0.0f;
+    for (int j = 0; j < kWarp; ++j) {
+      s[j] = k0 + mine.col + j <= i ? s[j] * scale : -INFINITY;
+      mx = fmaxf(mx, s[j]);
+    }
+    mx = fmaxf(mx, __shfl_xor_sync(kFullMask, mx, kFrag));
+    const float m_old = row_max[r];
+    const float m_new = fmaxf(m_old, mx);
+    float sum = 0.0f;
 #pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const float p = __expf(s[half] - m_new);  // 0 where masked
-        p_tile[r * kLdP + lane + half * kWarp] = __float2bfloat16(p);
-        sum += p;
-      }
-      sum = warp_sum(sum);
-      const float alpha = __expf(m_old - m_new);  // 0 on the first tile
-      for (int d = lane; d < D; d += kWarp) o_tile[r * ldf + d] *= alpha;
-      __syncwarp();  // every lane read row_max[r] before it changes
-      if (lane == 0) {
-        row_max[r] = m_new;
-        row_sum[r] = row_sum[r] * alpha + sum;
-      }
+    for (int j = 0; j < kWarp; ++j) {
+      s[j] = __expf(s[j] - m_new);  // 0 where masked
+      sum += s[j];
+    }
+    sum += __shfl_xor_sync(kFullMask, sum, kFrag);
+    store_row_half(p_tile + r * kLdP + mine.col, s);
+    const float alpha = __expf(m_old - m_new);  // 0 on the first tile
+    float* o_row = o_tile + r * kLdF + (mine.col / kWarp) * (D / 2);
+#pragma unroll
+    for (int d = 0; d < D / 2; d += 4) {
+      float4 x = *reinterpret_cast<float4*>(o_row + d);
+      x.x *= alpha;
+      x.y *= alpha;
+      x.z *= alpha;
+      x.w *= alpha;
+      *reinterpret_cast<float4*>(o_row + d) = x;
+    }
+    __syncwarp();  // both halves read row_max[r] before it changes
+    if (mine.col == 0) {
+      row_max[r] = m_new;
+      row_sum[r] = row_sum[r] * alpha + sum;
     }
     __syncwarp();
     // O (the warp's 16 rows) += P (16 x 64) x V (64 x D).
+#pragma unroll
     for (int n = 0; n < D / kFrag; ++n) {
       FragC acc;
-      wmma::load_matrix_sync(acc, o_tile + r0 * ldf + n * kFrag, ldf, wmma::mem_row_major);
+      wmma::load_matrix_sync(acc, o_tile + r0 * kLdF + n * kFrag, kLdF, wmma::mem_row_major);
+#pragma unroll
       for (int k = 0; k < kTile; k += kFrag) {
         FragA fa;
         FragB fb;
         wmma::load_matrix_sync(fa, p_tile + r0 * kLdP + k, kLdP);
-        wmma::load_matrix_sync(fb, v_tile + k * ldh + n * kFrag, ldh);
+        wmma::load_matrix_sync(fb, v_tile + k * kLdH + n * kFrag, kLdH);
         wmma::mma_sync(acc, fa, fb, acc);
       }
-      wmma::store_matrix_sync(o_tile + r0 * ldf + n * kFrag, acc, ldf, wmma::mem_row_major);
+      wmma::store_matrix_sync(o_tile + r0 * kLdF + n * kFrag, acc, kLdF, wmma::mem_row_major);
     }
   }
   __syncwarp();
-  for (int rr = 0; rr < kFrag; ++rr) {
-    const int r = r0 + rr, i = q0 + r;
-    if (i >= T) break;
+  if (i < T) {
     const float inv = 1.0f / row_sum[r];
-    float* out = atty + (static_cast<size_t>(b) * T + i) * C + static_cast<size_t>(h) * D;
-    for (int d = lane; d < D; d += kWarp) out[d] = o_tile[r * ldf + d] * inv;
-    if (lane == 0) lse[static_cast<size_t>(bh) * T + i] = row_max[r] + logf(row_sum[r]);
+    const int d0 = (mine.col / kWarp) * (D / 2);
+    float* out = atty + (static_cast<size_t>(b) * T + i) * C + static_cast<size_t>(h) * D + d0;
+    const float* o_row = o_tile + r * kLdF + d0;
+#pragma unroll
+    for (int d = 0; d < D / 2; d += 4) {
+      float4 x = *reinterpret_cast<const float4*>(o_row + d);
+      x.x *= inv;
+      x.y *= inv;
+      x.z *= inv;
+      x.w *= inv;
+      *reinterpret_cast<float4*>(out + d) = x;
+    }
+    if (mine.col == 0) lse[static_cast<size_t>(bh) * T + i] = row_max[r] + logf(row_sum[r]);
   }
 }
 
@@ -202,24 +260,26 @@ __global__ void flash_delta_kernel(float* delta, const float* dout, const float*
   }
 }
 
+template <int D>
 __global__ void __launch_bounds__(kBlockThreads)
     flash_backward_kernel(float* dqkv, const float* dout, const float* qkv, const float* lse, const float* delta,
-                          int T, int NH, int C, int D, float scale) {
+                          int T, int NH, int C, float scale) {
+  constexpr int kLdH = D + kPadH, kLdF = D + kPadF;
   extern __shared__ __align__(128) unsigned char shared[];
-  const int ldh = D + kPadH, ldf = D + kPadF;
   bf16* k_tile = reinterpret_cast<bf16*>(shared);
-  bf16* v_tile = k_tile + kTile * ldh;
-  bf16* q_tile = v_tile + kTile * ldh;
-  bf16* do_tile = q_tile + kTile * ldh;
-  bf16* p_tile = do_tile + kTile * ldh;
+  bf16* v_tile = k_tile + kTile * kLdH;
+  bf16* q_tile = v_tile + kTile * kLdH;
+  bf16* do_tile = q_tile + kTile * kLdH;
+  bf16* p_tile = do_tile + kTile * kLdH;
   bf16* ds_tile = p_tile + kTile * kLdP;
   float* s_tile = reinterpret_cast<float*>(ds_tile + kTile * kLdP);
   float* dk_acc = s_tile + kTile * kLdS;
-  float* dv_acc = dk_acc + kTile * ldf;
-  float* row_lse = dv_acc + kTile * ldf;
+  float* dv_acc = dk_acc + kTile * kLdF;
+  float* row_lse = dv_acc + kTile * kLdF;
   float* row_delta = row_lse + kTile;
   float* scratch_all = row_delta + kTile;
 
+  // The first key tiles have the most query tiles, and start first.
   const int kt = static_cast<int>(blockIdx.x), bh = static_cast<int>(blockIdx.y);
   const int b = bh / NH, h = bh % NH;
   const int k0 = kt * kTile;
@@ -229,104 +289,122 @@ __global__ void __launch_bounds__(kBlockThreads)
   float* dq_base = dqkv + static_cast<size_t>(b) * T * stride + static_cast<size_t>(h) * D;
   const int warp = static_cast<int>(threadIdx.x) / kWarp, lane = static_cast<int>(threadIdx.x) % kWarp;
   const int r0 = warp * kFrag;
+  const RowHalf mine = row_half(lane);
+  const int r = r0 + mine.row;
   float* scratch = scratch_all + warp * kFrag * kFrag;
 
-  load_tile(k_tile, ldh, base + C, stride, k0, T, D);
-  load_tile(v_tile, ldh, base + 2 * C, stride, k0, T, D);
-  for (int i = threadIdx.x; i < kTile * ldf; i += blockDim.x) dk_acc[i] = dv_acc[i] = 0.0f;
+  load_tile<D>(k_tile, base + C, stride, k0, T);
+  load_tile<D>(v_tile, base + 2 * C, stride, k0, T);
+  for (int x = threadIdx.x; x < kTile * kLdF; x += kBlockThreads) dk_acc[x] = dv_acc[x] = 0.0f;
 
   const int tiles = (T + kTile - 1) / kTile;
   // Query tiles from the diagonal on: before it every score is masked.
   for (int qt = kt; qt < tiles; ++qt) {
-    const int q0 = qt * kTile;
+    const int q0 = qt * kTile, i = q0 + r;
     __syncthreads();  // the last tile's queries, dO, P and dS are read
-    load_tile(q_tile, ldh, base, stride, q0, T, D);
-    load_tile(do_tile, ldh, dout_base, C, q0, T, D);
+    load_tile<D>(q_tile, base, stride, q0, T);
+    load_tile<D>(do_tile, dout_base, C, q0, T);
     if (threadIdx.x < kTile) {
-      const int i = q0 + static_cast<int>(threadIdx.x);
-      row_lse[threadIdx.x] = i < T ? lse[static_cast<size_t>(bh) * T + i] : 0.0f;
-      row_delta[threadIdx.x] = i < T ? delta[static_cast<size_t>(bh) * T + i] : 0.0f;
+      const int t = q0 + static_cast<int>(threadIdx.x);
+      row_lse[threadIdx.x] = t < T ? lse[static_cast<size_t>(bh) * T + t] : 0.0f;
+      row_delta[threadIdx.x] = t < T ? delta[static_cast<size_t>(bh) * T + t] : 0.0f;
     }
     __syncthreads();
 
     // P (the warp's query rows) = exp(scale * Q K^T - lse), the forward's
     // probabilities; zero where masked and on rows past T.
-    rows_times_tile_t(s_tile + r0 * kLdS, q_tile + r0 * ldh, k_tile, ldh, D);
+    rows_times_tile_t<D>(s_tile + r0 * kLdS, q_tile + r0 * kLdH, k_tile);
     __syncwarp();
-    float p[kFrag][2];
+    float p[kWarp];
+    load_row_half(p, s_tile + r * kLdS + mine.col);
+    const float row_l = row_lse[r];
 #pragma unroll
-    for (int rr = 0; rr < kFrag; ++rr) {
-      const int r = r0 + rr, i = q0 + r;
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int c = lane + half * kWarp;
-        const bool live = i < T && k0 + c <= i;
-        p[rr][half] = live ? __expf(s_tile[r * kLdS + c] * scale - row_lse[r]) : 0.0f;
-        p_tile[r * kLdP + c] = __float2bfloat16(p[rr][half]);
-      }
+    for (int j = 0; j < kWarp; ++j) {
+      p[j] = i < T && k0 + mine.col + j <= i ? __expf(p[j] * scale - row_l) : 0.0f;
     }
+    store_row_half(p_tile + r * kLdP + mine.col, p);
     __syncwarp();
     // dP = dO V^T over the same rows, then dS = P * (dP - delta).
-    rows_times_tile_t(s_tile + r0 * kLdS, do_tile + r0 * ldh, v_tile, ldh, D);
+    rows_times_tile_t<D>(s_tile + r0 * kLdS, do_tile + r0 * kLdH, v_tile);
     __syncwarp();
+    float dp[kWarp];
+    load_row_half(dp, s_tile + r * kLdS + mine.col);
+    const float row_d = row_delta[r];
 #pragma unroll
-    for (int rr = 0; rr < kFrag; ++rr) {
-      const int r = r0 + rr;
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int c = lane + half * kWarp;
-        ds_tile[r * kLdP + c] = __float2bfloat16(p[rr][half] * (s_tile[r * kLdS + c] - row_delta[r]));
-      }
-    }
+    for (int j = 0; j < kWarp; ++j) dp[j] = p[j] * (dp[j] - row_d);
+    store_row_half(ds_tile + r * kLdP + mine.col, dp);
     __syncthreads();  // every row's P and dS
 
     // dV (the warp's key rows) += P^T dO and dK += dS^T Q: P^T's 16-row
     // blocks are P's columns, read column-major.
+#pragma unroll
     for (int n = 0; n < D / kFrag; ++n) {
       FragC acc_v, acc_k;
-      wmma::load_matrix_sync(acc_v, dv_acc + r0 * ldf + n * kFrag, ldf, wmma::mem_row_major);
-      wmma::load_matrix_sync(acc_k, dk_acc + r0 * ldf + n * kFrag, ldf, wmma::mem_row_major);
+      wmma::load_matrix_sync(acc_v, dv_acc + r0 * kLdF + n * kFrag, kLdF, wmma::mem_row_major);
+      wmma::load_matrix_sync(acc_k, dk_acc + r0 * kLdF + n * kFrag, kLdF, wmma::mem_row_major);
+#pragma unroll
       for (int k = 0; k < kTile; k += kFrag) {
         FragAT fa;
         FragB fb;
         wmma::load_matrix_sync(fa, p_tile + k * kLdP + r0, kLdP);
-        wmma::load_matrix_sync(fb, do_tile + k * ldh + n * kFrag, ldh);
+        wmma::load_matrix_sync(fb, do_tile + k * kLdH + n * kFrag, kLdH);
         wmma::mma_sync(acc_v, fa, fb, acc_v);
         wmma::load_matrix_sync(fa, ds_tile + k * kLdP + r0, kLdP);
-        wmma::load_matrix_sync(fb, q_tile + k * ldh + n * kFrag, ldh);
+        wmma::load_matrix_sync(fb, q_tile + k * kLdH + n * kFrag, kLdH);
         wmma::mma_sync(acc_k, fa, fb, acc_k);
       }
-      wmma::store_matrix_sync(dv_acc + r0 * ldf + n * kFrag, acc_v, ldf, wmma::mem_row_major);
-      wmma::store_matrix_sync(dk_acc + r0 * ldf + n * kFrag, acc_k, ldf, wmma::mem_row_major);
+      wmma::store_matrix_sync(dv_acc + r0 * kLdF + n * kFrag, acc_v, kLdF, wmma::mem_row_major);
+      wmma::store_matrix_sync(dk_acc + r0 * kLdF + n * kFrag, acc_k, kLdF, wmma::mem_row_major);
     }
     // dQ (the warp's query rows) += scale * dS K: other key tiles' blocks
     // add to the same rows, so through atomics.
+    FragA fds[kTile / kFrag];
+#pragma unroll
+    for (int k = 0; k < kTile / kFrag; ++k) wmma::load_matrix_sync(fds[k], ds_tile + r0 * kLdP + k * kFrag, kLdP);
+#pragma unroll
     for (int n = 0; n < D / kFrag; ++n) {
       FragC acc;
       wmma::fill_fragment(acc, 0.0f);
-      for (int k = 0; k < kTile; k += kFrag) {
-        FragA fa;
+#pragma unroll
+      for (int k = 0; k < kTile / kFrag; ++k) {
         FragB fb;
-        wmma::load_matrix_sync(fa, ds_tile + r0 * kLdP + k, kLdP);
-        wmma::load_matrix_sync(fb, k_tile + k * ldh + n * kFrag, ldh);
-        wmma::mma_sync(acc, fa, fb, acc);
+        wmma::load_matrix_sync(fb, k_tile + k * kFrag * kLdH + n * kFrag, kLdH);
+        wmma::mma_sync(acc, fds[k], fb, acc);
       }
       wmma::store_matrix_sync(scratch, acc, kFrag, wmma::mem_row_major);
       __syncwarp();
+#pragma unroll
       for (int e = lane; e < kFrag * kFrag; e += kWarp) {
-        const int i = q0 + r0 + e / kFrag;
-        if (i < T) atomicAdd(dq_base + static_cast<size_t>(i) * stride + n * kFrag + e % kFrag, scale * scratch[e]);
+        const int t = q0 + r0 + e / kFrag;
+        if (t < T) atomicAdd(dq_base + static_cast<size_t>(t) * stride + n * kFrag + e % kFrag, scale * scratch[e]);
       }
       __syncwarp();
     }
   }
   __syncthreads();
-  for (int idx = threadIdx.x; idx < kTile * D; idx += blockDim.x) {
-    const int row = idx / D, d = idx % D, j = k0 + row;
+  for (int x = threadIdx.x; x < kTile * D; x += kBlockThreads) {
+    const int row = x / D, d = x % D, j = k0 + row;
     if (j >= T) continue;
     float* out = dq_base + static_cast<size_t>(j) * stride + d;
-    out[C] = dk_acc[row * ldf + d] * scale;
-    out[2 * C] = dv_acc[row * ldf + d];
+    out[C] = dk_acc[row * kLdF + d] * scale;
+    out[2 * C] = dv_acc[row * kLdF + d];
+  }
+}
+
+/// Calls f(std::integral_constant<int, D>) for the head size D: the kernels
+/// are compiled for each multiple of 16 up to kMaxHeadSize.
+template <class F>
+cudaError_t with_head_size(size_t D, F&& f) {
+  switch (D) {
+    case 16: return f(std::integral_constant<int, 16>{});
+    case 32: return f(std::integral_constant<int, 32>{});
+    case 48: return f(std::integral_constant<int, 48>{});
+    case 64: return f(std::integral_constant<int, 64>{});
+    case 80: return f(std::integral_constant<int, 80>{});
+    case 96: return f(std::integral_constant<int, 96>{});
+    case 112: return f(std::integral_constant<int, 112>{});
+    case 128: return f(std::integral_constant<int, 128>{});
+    default: return cudaErrorInvalidValue;
   }
 }
 
@@ -358,15 +436,18 @@ cudaError_t flash_attention_forward(float* atty, float* lse, const float* qkv, s
                                     size_t C, cudaStream_t stream) {
   dim3 grid;
   if (!flash_grid(B, T, NH, C, &grid)) return cudaErrorInvalidValue;
-  const size_t D = C / NH, bytes = forward_shared_bytes(D);
-  cudaError_t e = cudaFuncSetAttribute(flash_forward_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       static_cast<int>(bytes));
-  if (e != cudaSuccess) return e;
+  const size_t D = C / NH;
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
-  flash_forward_kernel<<<grid, kBlockThreads, bytes, stream>>>(atty, lse, qkv, static_cast<int>(T),
-                                                               static_cast<int>(NH), static_cast<int>(C),
-                                                               static_cast<int>(D), scale);
-  return cudaGetLastError();
+  return with_head_size(D, [&](auto head) {
+    constexpr int kD = decltype(head)::value;
+    const size_t bytes = forward_shared_bytes(kD);
+    cudaError_t e = cudaFuncSetAttribute(flash_forward_kernel<kD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(bytes));
+    if (e != cudaSuccess) return e;
+    flash_forward_kernel<kD><<<grid, kBlockThreads, bytes, stream>>>(atty, lse, qkv, static_cast<int>(T),
+                                                                     static_cast<int>(NH), static_cast<int>(C), scale);
+    return cudaGetLastError();
+  });
 }
 
 cudaError_t flash_attention_backward(float* dqkv, const float* dout, const float* qkv, const float* atty,
@@ -374,27 +455,32 @@ cudaError_t flash_attention_backward(float* dqkv, const float* dout, const float
                                      cudaStream_t stream) {
   dim3 grid;
   if (!flash_grid(B, T, NH, C, &grid)) return cudaErrorInvalidValue;
-  const size_t D = C / NH, bytes = backward_shared_bytes(D);
-  cudaError_t e = cudaFuncSetAttribute(flash_backward_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       static_cast<int>(bytes));
-  if (e != cudaSuccess) return e;
+  const size_t D = C / NH;
   // The queries' third is a sum of atomics: it starts at zero. (The keys'
   // and values' thirds are written whole by their tiles' blocks.)
-  e = cudaMemset2DAsync(dqkv, 3 * C * sizeof(float), 0, C * sizeof(float), B * T, stream);
+  cudaError_t e = cudaMemset2DAsync(dqkv, 3 * C * sizeof(float), 0, C * sizeof(float), B * T, stream);
   if (e != cudaSuccess) return e;
   const size_t rows = B * T * NH;
   constexpr unsigned kDeltaThreads = 256;
   const size_t warps_per_block = kDeltaThreads / kWarp;
-  const auto delta_blocks = static_cast<unsigned>(std::min<size_t>((rows + warps_per_block - 1) / warps_per_block, 65536));
+  const auto delta_blocks =
+      static_cast<unsigned>(std::min<size_t>((rows + warps_per_block - 1) / warps_per_block, 65536));
   flash_delta_kernel<<<delta_blocks, kDeltaThreads, 0, stream>>>(scratch, dout, atty, rows, static_cast<int>(T),
                                                                  static_cast<int>(NH), static_cast<int>(C),
                                                                  static_cast<int>(D));
   if ((e = cudaGetLastError()) != cudaSuccess) return e;
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
-  flash_backward_kernel<<<grid, kBlockThreads, bytes, stream>>>(dqkv, dout, qkv, lse, scratch, static_cast<int>(T),
-                                                                static_cast<int>(NH), static_cast<int>(C),
-                                                                static_cast<int>(D), scale);
-  return cudaGetLastError();
+  return with_head_size(D, [&](auto head) {
+    constexpr int kD = decltype(head)::value;
+    const size_t bytes = backward_shared_bytes(kD);
+    cudaError_t err = cudaFuncSetAttribute(flash_backward_kernel<kD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           static_cast<int>(bytes));
+    if (err != cudaSuccess) return err;
+    flash_backward_kernel<kD><<<grid, kBlockThreads, bytes, stream>>>(dqkv, dout, qkv, lse, scratch,
+                                                                      static_cast<int>(T), static_cast<int>(NH),
+                                                                      static_cast<int>(C), scale);
+    return cudaGetLastError();
+  });
 }
 
 }  // namespace troupe::rl::model::cuda
