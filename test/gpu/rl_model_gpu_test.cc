@@ -137,6 +137,22 @@ GptCuda make_gpu(const GptConfig& config, const GptCudaOptions& options) {
   return std::move(*gpu);
 }
 
+/// A CPU model of `config` with random parameters (`seed`) and a GPU
+/// model holding the same, both with zero gradients.
+struct ModelPair {
+  Gpt<float> cpu;
+  GptCuda gpu;
+};
+ModelPair same_models(const GptConfig& config, const GptCudaOptions& options, uint64_t seed) {
+  auto cpu = Gpt<float>::make(config).value();
+  cpu.init_random(seed);
+  GptCuda gpu = make_gpu(config, options);
+  REQUIRE(gpu.init_from(cpu).ok());
+  cpu.zero_grad();
+  REQUIRE(gpu.zero_grad().ok());
+  return {std::move(cpu), std::move(gpu)};
+}
+
 }  // namespace
 
 TEST_CASE("gpu model: losses and every gradient match the CPU model (tied and untied, fp32/tf32/bf16)", "[gpu][rl]") {
@@ -144,12 +160,7 @@ TEST_CASE("gpu model: losses and every gradient match the CPU model (tied and un
     for (const Mode& mode : {kFp32, kTf32, kBf16}) {
       INFO("tied embeddings " << tied << ", mode " << mode.name);
       const GptConfig config = small(tied);
-      auto cpu = Gpt<float>::make(config).value();
-      cpu.init_random(11);
-      GptCuda gpu = make_gpu(config, mode.options);
-      REQUIRE(gpu.init_from(cpu).ok());
-      cpu.zero_grad();
-      REQUIRE(gpu.zero_grad().ok());
+      auto [cpu, gpu] = same_models(config, mode.options, 11);
 
       // The full context, then (gradients accumulating) a smaller batch of
       // fewer positions, which reuses the activations.
@@ -169,13 +180,8 @@ TEST_CASE("gpu model: bf16's fused attention matches the CPU model over many 64-
     const GptConfig config{
         .vocab_size = 259, .context_length = 200, .layers = 2, .heads = heads, .channels = 192, .tied_embeddings = true};
     INFO("heads " << heads);
-    auto cpu = Gpt<float>::make(config).value();
-    cpu.init_random(13);
-    GptCuda gpu = make_gpu(config, kBf16.options);
+    auto [cpu, gpu] = same_models(config, kBf16.options, 13);
     CHECK(gpu.attention_fused());
-    REQUIRE(gpu.init_from(cpu).ok());
-    cpu.zero_grad();
-    REQUIRE(gpu.zero_grad().ok());
     check_step(cpu, gpu, random_batch(2, 200, config.vocab_size, 8), 2, 200, kBf16);
     check_step(cpu, gpu, random_batch(3, 128, config.vocab_size, 9), 3, 128, kBf16);
     check_step(cpu, gpu, random_batch(4, 40, config.vocab_size, 10), 4, 40, kBf16);
@@ -186,13 +192,8 @@ TEST_CASE("gpu model: bf16's fused attention matches the CPU model over many 64-
   unfused.fused_attention = false;
   const GptConfig narrow{.vocab_size = 259, .context_length = 32, .layers = 1, .heads = 8, .channels = 64};
   for (auto [config, options] : {std::pair{small(true), unfused}, std::pair{narrow, kBf16.options}}) {
-    auto cpu = Gpt<float>::make(config).value();
-    cpu.init_random(14);
-    GptCuda gpu = make_gpu(config, options);
+    auto [cpu, gpu] = same_models(config, options, 14);
     CHECK_FALSE(gpu.attention_fused());
-    REQUIRE(gpu.init_from(cpu).ok());
-    cpu.zero_grad();
-    REQUIRE(gpu.zero_grad().ok());
     check_step(cpu, gpu, random_batch(3, 32, config.vocab_size, 11), 3, 32, kBf16);
   }
   CHECK(make_gpu(small(true), kBf16.options).attention_fused());
