@@ -97,6 +97,29 @@ __device__ void rows_times_tile_t(float* s, const bf16* a, const bf16* b) {
   }
 }
 
+/// acc (16 x D at acc, float, pitch D + kPadF) += A^T x B: A the 64 x 16
+/// columns at a (bf16, pitch kLdP), B the 64 x D tile at b (bf16, pitch
+/// D + kPadH). A^T's fragments are loaded once for every column block.
+template <int D>
+__device__ void rows_t_times_tile(float* acc, const bf16* a, const bf16* b) {
+  constexpr int kLdH = D + kPadH, kLdF = D + kPadF;
+  FragAT fa[kTile / kFrag];
+#pragma unroll
+  for (int k = 0; k < kTile / kFrag; ++k) wmma::load_matrix_sync(fa[k], a + k * kFrag * kLdP, kLdP);
+#pragma unroll
+  for (int n = 0; n < D / kFrag; ++n) {
+    FragC c;
+    wmma::load_matrix_sync(c, acc + n * kFrag, kLdF, wmma::mem_row_major);
+#pragma unroll
+    for (int k = 0; k < kTile / kFrag; ++k) {
+      FragB fb;
+      wmma::load_matrix_sync(fb, b + k * kFrag * kLdH + n * kFrag, kLdH);
+      wmma::mma_sync(c, fa[k], fb, c);
+    }
+    wmma::store_matrix_sync(acc + n * kFrag, c, kLdF, wmma::mem_row_major);
+  }
+}
+
 /// A row-half of a warp's 16 rows of a (64,64) float tile: lane l takes row
 /// l % 16 and columns (l / 16) * 32.. +32, so that a row's two halves are
 /// lanes l and l ^ 16, and the eight lanes of each 16-byte load phase read
@@ -207,18 +230,20 @@ __global__ void __launch_bounds__(kBlockThreads)
       row_sum[r] = row_sum[r] * alpha + sum;
     }
     __syncwarp();
-    // O (the warp's 16 rows) += P (16 x 64) x V (64 x D).
+    // O (the warp's 16 rows) += P (16 x 64) x V (64 x D), P's fragments
+    // loaded once for every column block.
+    FragA pf[kTile / kFrag];
+#pragma unroll
+    for (int k = 0; k < kTile / kFrag; ++k) wmma::load_matrix_sync(pf[k], p_tile + r0 * kLdP + k * kFrag, kLdP);
 #pragma unroll
     for (int n = 0; n < D / kFrag; ++n) {
       FragC acc;
       wmma::load_matrix_sync(acc, o_tile + r0 * kLdF + n * kFrag, kLdF, wmma::mem_row_major);
 #pragma unroll
-      for (int k = 0; k < kTile; k += kFrag) {
-        FragA fa;
+      for (int k = 0; k < kTile / kFrag; ++k) {
         FragB fb;
-        wmma::load_matrix_sync(fa, p_tile + r0 * kLdP + k, kLdP);
-        wmma::load_matrix_sync(fb, v_tile + k * kLdH + n * kFrag, kLdH);
-        wmma::mma_sync(acc, fa, fb, acc);
+        wmma::load_matrix_sync(fb, v_tile + k * kFrag * kLdH + n * kFrag, kLdH);
+        wmma::mma_sync(acc, pf[k], fb, acc);
       }
       wmma::store_matrix_sync(o_tile + r0 * kLdF + n * kFrag, acc, kLdF, wmma::mem_row_major);
     }
@@ -337,25 +362,8 @@ __global__ void __launch_bounds__(kBlockThreads)
 
     // dV (the warp's key rows) += P^T dO and dK += dS^T Q: P^T's 16-row
     // blocks are P's columns, read column-major.
-#pragma unroll
-    for (int n = 0; n < D / kFrag; ++n) {
-      FragC acc_v, acc_k;
-      wmma::load_matrix_sync(acc_v, dv_acc + r0 * kLdF + n * kFrag, kLdF, wmma::mem_row_major);
-      wmma::load_matrix_sync(acc_k, dk_acc + r0 * kLdF + n * kFrag, kLdF, wmma::mem_row_major);
-#pragma unroll
-      for (int k = 0; k < kTile; k += kFrag) {
-        FragAT fa;
-        FragB fb;
-        wmma::load_matrix_sync(fa, p_tile + k * kLdP + r0, kLdP);
-        wmma::load_matrix_sync(fb, do_tile + k * kLdH + n * kFrag, kLdH);
-        wmma::mma_sync(acc_v, fa, fb, acc_v);
-        wmma::load_matrix_sync(fa, ds_tile + k * kLdP + r0, kLdP);
-        wmma::load_matrix_sync(fb, q_tile + k * kLdH + n * kFrag, kLdH);
-        wmma::mma_sync(acc_k, fa, fb, acc_k);
-      }
-      wmma::store_matrix_sync(dv_acc + r0 * kLdF + n * kFrag, acc_v, kLdF, wmma::mem_row_major);
-      wmma::store_matrix_sync(dk_acc + r0 * kLdF + n * kFrag, acc_k, kLdF, wmma::mem_row_major);
-    }
+    rows_t_times_tile<D>(dv_acc + r0 * kLdF, p_tile + r0, do_tile);
+    rows_t_times_tile<D>(dk_acc + r0 * kLdF, ds_tile + r0, q_tile);
     // dQ (the warp's query rows) += scale * dS K: other key tiles' blocks
     // add to the same rows, so through atomics.
     FragA fds[kTile / kFrag];
