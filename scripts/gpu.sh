@@ -56,6 +56,7 @@ case "${1:-}" in
     done
     rm -f "$out/case.log"
     echo "passed=$passed failed=$failed not_run=$skipped" | tee -a "$log"
+    ((failed == 0 && skipped == 0))
     ;;
   bench)
     out=${OUT:-/tmp}
