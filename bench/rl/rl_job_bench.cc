@@ -15,7 +15,10 @@
 //   the same steps replicated, and the moments each rank holds.
 // - the trainer on a GPU (trainer.device = "cuda"), where one is: the main
 //   job's train time per step against the same job's trainer on the CPU
-//   (8 threads), for the main job's model and a 4-layer 512-channel one.
+//   (8 threads), for the main job's model and a 4-layer 512-channel one;
+//   and a trainer's step with its state resident on the GPU against the
+//   same step offloaded (parameters in, gradients out, the host's AdamW),
+//   with those copies alone as the floor.
 //
 // Usage: troupe_bench_rl_job [--quick] [--transport tcp|ucx] [--only sync|zero1|rollout|job|gpu]
 #include <algorithm>
@@ -43,6 +46,8 @@
 #include "model/threads.h"
 #include "rollout/rollout_engine.h"
 #include "tasks/task.h"
+#include "train/batch.h"
+#include "train/policy_trainer.h"
 #include "trainer/trainer_rank.h"
 
 namespace {
@@ -58,6 +63,11 @@ namespace fs = std::filesystem;
 std::string examples_dir() {
   const char* env = std::getenv("TROUPE_EXAMPLES_DIR");
   return env != nullptr ? env : TROUPE_EXAMPLES_DIR;
+}
+
+// A tiny model: whether a CUDA device model can be made here at all.
+model::GptConfig model_config_probe() {
+  return model::GptConfig{.vocab_size = 259, .context_length = 16, .layers = 1, .heads = 1, .channels = 8};
 }
 
 std::string read_file(const std::string& p) {
@@ -306,8 +316,7 @@ std::string set_key(std::string text, const std::string& key, const std::string&
 
 // The main job's trainer on the GPU against the CPU (train time per RL step).
 void trainer_device(Session& s, bool quick) {
-  const model::GptConfig tiny{.vocab_size = 259, .context_length = 16, .layers = 1, .heads = 1, .channels = 8};
-  if (auto probe = model::make_device_model(tiny, {.kind = model::DeviceKind::cuda}); !probe) {
+  if (auto probe = model::make_device_model(model_config_probe(), {.kind = model::DeviceKind::cuda}); !probe) {
     std::fprintf(stderr, "trainer on the GPU: skipped (%s)\n", probe.error().message().c_str());
     return;
   }
@@ -332,6 +341,80 @@ void trainer_device(Session& s, bool quick) {
     emit("rl_job", std::string("trainer on GPU, ") + m.name + ": mean step time",
          gpu.rl_s / static_cast<double>(gpu.steps), "s", "trainer on CPU", cpu.rl_s / static_cast<double>(cpu.steps),
          "report");
+  }
+}
+
+// The trainer's state on the GPU between steps (resident) against the
+// same steps with the parameters uploaded and the gradients brought back
+// to the host's AdamW each step (offloaded: ZeRO-1's way, and every step's
+// before), on one PolicyTrainer; the floor beside them is those copies
+// alone (the parameters in, the gradients out).
+void trainer_residency(bool quick) {
+  struct Size {
+    const char* name;
+    model::GptConfig config;
+    size_t B;
+  };
+  const Size sizes[] = {
+      {"4x512 model", {.vocab_size = 259, .context_length = 64, .layers = 4, .heads = 8, .channels = 512}, 16},
+      {"GPT-2 small shape", {.vocab_size = 259, .context_length = 256, .layers = 12, .heads = 12, .channels = 768},
+       8}};
+  model::set_compute_threads(8);
+  const int steps = quick ? 3 : 10;
+  for (const Size& m : sizes) {
+    const auto& c = m.config;
+    std::vector<train::TrainSequence> seqs(m.B);
+    std::mt19937 rng(7);
+    for (auto& q : seqs) {
+      q.prompt.resize(c.context_length / 4);
+      q.completion.resize(c.context_length - c.context_length / 4);
+      for (auto& t : q.prompt) t = static_cast<int32_t>(rng() % 256);
+      for (auto& t : q.completion) t = static_cast<int32_t>(rng() % 256);
+      q.completion_logprobs.assign(q.completion.size(), -2.0f);
+      q.advantage = (rng() % 2 == 0) ? 0.5 : -0.5;
+    }
+    auto batch = train::make_train_batch(seqs, c.context_length, 258);
+    if (!batch) throw std::runtime_error("bench: " + batch.error().message());
+    model::PolicyLossConfig loss;
+    loss.kl_coef = 0;
+    auto gpt = model::Gpt<float>::make(c).value();
+    gpt.init_random(1);
+    const size_t P = gpt.layout().total();
+    double ms[2] = {0, 0};
+    for (int resident = 0; resident < 2; ++resident) {
+      auto dev = model::make_device_model(c, {.kind = model::DeviceKind::cuda}).value();
+      std::optional<model::ParamRange> range;
+      if (resident == 0) range = model::ParamRange{0, P};
+      train::PolicyTrainer t(gpt, {}, range, dev.get());
+      if (!t.policy_step(*batch, loss)) throw std::runtime_error("bench: a trainer step failed");  // warm-up
+      std::vector<double> times;
+      for (int i = 0; i < steps; ++i) {
+        const auto start = Clock::now();
+        auto st = t.policy_step(*batch, loss);
+        if (!st) throw std::runtime_error("bench: a trainer step failed: " + st.error().message());
+        times.push_back(std::chrono::duration<double, std::milli>(Clock::now() - start).count());
+      }
+      std::sort(times.begin(), times.end());
+      ms[resident] = times[times.size() / 2];
+    }
+    // The floor: the offloaded step's copies alone.
+    auto dev = model::make_device_model(c, {.kind = model::DeviceKind::cuda}).value();
+    std::vector<float> host(P);
+    std::vector<double> copies;
+    for (int i = 0; i < steps; ++i) {
+      const auto start = Clock::now();
+      if (!dev->upload_params(gpt.params()).ok() || !dev->download_params(host.data()).ok()) {
+        throw std::runtime_error("bench: a copy failed");
+      }
+      copies.push_back(std::chrono::duration<double, std::milli>(Clock::now() - start).count());
+    }
+    std::sort(copies.begin(), copies.end());
+    const std::string what = std::string(m.name) + " (" + std::to_string(P / 1000000) + "M parameters, B" +
+                             std::to_string(m.B) + " T" + std::to_string(c.context_length) + ")";
+    emit("rl_job", "trainer step on GPU, state resident, " + what, ms[1] / 1e3, "s", "offloaded (host AdamW)",
+         ms[0] / 1e3, "report (ratio < 1: resident is faster)");
+    emit("rl_job", "parameters in + out over PCIe, " + what, copies[copies.size() / 2] / 1e3, "s",
+         "offloaded step", ms[0] / 1e3, "report (the copies' share of an offloaded step)");
   }
 }
 
@@ -368,7 +451,10 @@ int main(int argc, char** argv) {
   }
   if (part("zero1")) zero1(s, quick);
   if (part("rollout")) rollout_throughput(s, model_config(2, 64, 4), quick ? 64 : 512);
-  if (part("gpu")) trainer_device(s, quick);
+  if (part("gpu")) {
+    trainer_device(s, quick);
+    if (model::make_device_model(model_config_probe(), {.kind = model::DeviceKind::cuda})) trainer_residency(quick);
+  }
   if (!part("job")) return 0;
 
   // Sync vs async on the same disaggregated job.

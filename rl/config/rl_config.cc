@@ -35,8 +35,9 @@ const Choices<model::LossAggregation> kAggregations = {
     {"token_mean", model::LossAggregation::token_mean},
     {"sequence_mean", model::LossAggregation::sequence_mean},
     {"sequence_sum_over_positions", model::LossAggregation::sequence_sum_over_positions}};
-const Choices<TrainerConfig::Device> kDevices = {{"cpu", TrainerConfig::Device::cpu},
-                                                  {"cuda", TrainerConfig::Device::cuda}};
+const Choices<TrainerConfig::Device> kTrainerDevices = {
+    {"cpu", TrainerConfig::Device::cpu}, {"cuda", TrainerConfig::Device::cuda}, {"host", TrainerConfig::Device::host}};
+const Choices<Device> kRolloutDevices = {{"cpu", Device::cpu}, {"cuda", Device::cuda}};
 const Choices<model::MatmulPrecision> kPrecisions = {{"fp32", model::MatmulPrecision::fp32},
                                                      {"tf32", model::MatmulPrecision::tf32},
                                                      {"bf16", model::MatmulPrecision::bf16}};
@@ -251,16 +252,18 @@ Status RlConfig::validate() const {
                            ") is more than the sequences of a step (prompts_per_step x group_size = " +
                            std::to_string(algorithm.prompts_per_step * algorithm.group_size) + ")");
   }
-  if (trainer.device == TrainerConfig::Device::cuda) {
+  if (trainer.device != TrainerConfig::Device::cpu) {
+    const std::string dev = "'trainer.device' \"" + std::string(name_of(kTrainerDevices, trainer.device)) + "\"";
     if (algorithm.name == Algorithm::ppo) {
-      return bad(source, "'trainer.device' \"cuda\" does not run PPO's value head (the CUDA model has no kernels for "
-                         "it): use \"cpu\", or 'algorithm.name' \"grpo\" or \"rloo\"");
+      return bad(source, dev + " does not run PPO's value head (the device model has no kernels for it): use "
+                               "\"cpu\", or 'algorithm.name' \"grpo\" or \"rloo\"");
     }
     if (algorithm.loss.entropy_coef > 0) {
-      return bad(source, "'algorithm.entropy_coef' must be 0 with 'trainer.device' \"cuda\" (the CUDA model "
-                         "computes no entropies); or use \"cpu\"");
+      return bad(source, "'algorithm.entropy_coef' must be 0 with " + dev +
+                             " (the device model computes no entropies); or use \"cpu\"");
     }
-  } else if (trainer.precision != model::MatmulPrecision::fp32) {
+  }
+  if (trainer.device != TrainerConfig::Device::cuda && trainer.precision != model::MatmulPrecision::fp32) {
     return bad(source, "'trainer.precision' is for 'trainer.device' \"cuda\" only (the CPU model is float32)");
   }
   if (rollout.device == Device::cuda) {
@@ -397,7 +400,7 @@ Result<RlConfig> parse_rl_config(std::string_view text, std::string_view source_
     r.count("threads", c.trainer.threads, 1, 1024);
     r.boolean("shard_optimizer", c.trainer.shard_optimizer);
     r.boolean("shard_backup", c.trainer.shard_backup);
-    r.choice("device", c.trainer.device, kDevices);
+    r.choice("device", c.trainer.device, kTrainerDevices);
     r.choice("precision", c.trainer.precision, kPrecisions);
     r.number("gpus_per_rank", c.trainer.gpus_per_rank, 0.01, 64);
     r.finish();
@@ -410,7 +413,7 @@ Result<RlConfig> parse_rl_config(std::string_view text, std::string_view source_
     r.count("max_sequences", o.max_sequences, 1, 65536);
     r.count("groups_in_flight", o.groups_in_flight, 1, 4096);
     r.boolean("batch_invariant", o.batch_invariant);
-    r.choice("device", o.device, kDevices);
+    r.choice("device", o.device, kRolloutDevices);
     r.choice("precision", o.precision, kPrecisions);
     r.number("gpus_per_engine", o.gpus_per_engine, 0.01, 64);
     // Larger single reads stall a worker's transport past its heartbeats (see docs/rl.md).
@@ -521,7 +524,7 @@ std::string rl_config_json(const RlConfig& c) {
                   {"threads", c.trainer.threads},
                   {"shard_optimizer", c.trainer.shard_optimizer},
                   {"shard_backup", c.trainer.shard_backup},
-                  {"device", name_of(kDevices, c.trainer.device)},
+                  {"device", name_of(kTrainerDevices, c.trainer.device)},
                   {"precision", name_of(kPrecisions, c.trainer.precision)},
                   {"gpus_per_rank", c.trainer.gpus_per_rank}};
   j["rollout"] = {{"engines", c.rollout.engines},
@@ -529,7 +532,7 @@ std::string rl_config_json(const RlConfig& c) {
                   {"max_sequences", c.rollout.max_sequences},
                   {"groups_in_flight", c.rollout.groups_in_flight},
                   {"batch_invariant", c.rollout.batch_invariant},
-                  {"device", name_of(kDevices, c.rollout.device)},
+                  {"device", name_of(kRolloutDevices, c.rollout.device)},
                   {"precision", name_of(kPrecisions, c.rollout.precision)},
                   {"gpus_per_engine", c.rollout.gpus_per_engine},
                   {"sync_bucket_bytes", c.rollout.sync_bucket_bytes},

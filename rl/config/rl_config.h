@@ -140,8 +140,12 @@ struct AlgorithmConfig {
   size_t epochs = 1, mini_batches = 1;
 };
 
-/// Where a mesh's model computes (trainer.device, rollout.device).
-enum class Device : uint8_t { cpu, cuda };
+/// Where a mesh's model computes (trainer.device, rollout.device). `host`
+/// (the trainer's only): the device path on the CPU model
+/// (model::DeviceKind::host), the CPU's steps bit for bit; it runs the
+/// trainer's GPU code paths (state resident in the device model, the
+/// allreduce on its gradients) where there is no GPU.
+enum class Device : uint8_t { cpu, cuda, host };
 
 /// [trainer]: the data-parallel trainer mesh.
 struct TrainerConfig {
@@ -159,10 +163,13 @@ struct TrainerConfig {
   /// sends the job back to its last checkpoint.
   bool shard_backup = true;
   /// Where each rank's forward and backward run: the CPU (its `threads`),
-  /// or a CUDA GPU (model/device_model.h; the optimizer, the gradient
-  /// allreduce and checkpoints stay on the host). Rank r takes device
+  /// or a CUDA GPU (model/device_model.h). On a GPU the parameters,
+  /// gradients and AdamW's moments stay there between steps, the gradient
+  /// allreduce is NCCL's on them, and the host gets the parameters for a
+  /// weight sync or a checkpoint; with shard_optimizer (ZeRO-1) the
+  /// optimizer and the collectives stay on the host. Rank r takes device
   /// r modulo the GPUs its process sees (its bundle's GPUs: the cluster
-  /// narrows CUDA_VISIBLE_DEVICES to them).
+  /// narrows CUDA_VISIBLE_DEVICES to them). `host`: see Device.
   using Device = config::Device;
   Device device = Device::cpu;
   /// cuda: how the GPU multiplies matrices (float32, TF32 tensor cores,

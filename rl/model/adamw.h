@@ -30,6 +30,7 @@ struct AdamWConfig {
   size_t warmup_steps = 0;
   size_t decay_steps = 0;  // 0: no decay
   double min_lr_fraction = 0.1;
+  bool operator==(const AdamWConfig&) const = default;
 };
 
 /// The learning rate of step `step` (0-based) under `config`'s schedule:

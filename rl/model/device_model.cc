@@ -67,8 +67,12 @@ Result<const Loaded*> cuda_entry_points(const char* what) {
 
 }  // namespace
 
+// host_device_model.cc.
+Result<std::unique_ptr<DeviceModel>> make_host_device_model(const GptConfig& config);
+
 Result<std::unique_ptr<DeviceModel>> make_device_model(const GptConfig& config, const DeviceModelOptions& options) {
   if (Status s = config.validate(); !s.ok()) return error(s);
+  if (options.kind == DeviceKind::host) return make_host_device_model(config);
   auto lib = cuda_entry_points("device model");
   if (!lib) return error(lib.error());
   std::unique_ptr<DeviceModel> out;
@@ -81,6 +85,10 @@ Result<std::unique_ptr<Decoder>> make_device_decoder(const GptConfig& config, si
                                                      const DeviceModelOptions& options) {
   if (Status s = config.validate(); !s.ok()) return error(s);
   if (slots == 0) return error(ErrorCode::invalid_argument, "device decoder: zero slots; give it at least one");
+  if (options.kind == DeviceKind::host) {
+    return error(ErrorCode::invalid_argument,
+                 "device decoder: the host kind is a trainer's (make_device_model); decode on the CPU with a KvCache");
+  }
   auto lib = cuda_entry_points("device decoder");
   if (!lib) return error(lib.error());
   std::unique_ptr<Decoder> out;

@@ -1,12 +1,103 @@
 #include "train/policy_trainer.h"
 
+#include <cstring>
+#include <stdexcept>
+#include <string>
+
 namespace troupe::rl::train {
 
 PolicyTrainer::PolicyTrainer(model::Gpt<float> model, const model::AdamWConfig& optim,
                              std::optional<model::ParamRange> range, model::DeviceModel* device)
     : model_(std::move(model)),
       adamw_(model_.layout(), optim, range.value_or(model::ParamRange{0, model_.layout().total()})),
-      device_(device) {}
+      optim_(optim),
+      device_(device),
+      resident_(device != nullptr && !range) {}
+
+namespace {
+[[noreturn]] void device_lost(const Status& s, const char* what) {
+  throw std::runtime_error(std::string("policy trainer: the device failed copying ") + what +
+                           " out; its training state is lost: " + s.message());
+}
+}  // namespace
+
+void PolicyTrainer::pull_params() const {
+  if (!host_params_behind_) return;
+  if (Status s = device_->download_params(model_.params()); !s.ok()) device_lost(s, "the parameters");
+  host_params_behind_ = false;
+}
+
+void PolicyTrainer::pull_optimizer() const {
+  if (!host_optimizer_behind_) return;
+  const size_t n = model_.layout().total();
+  std::vector<float> m(n), v(n);
+  if (Status s = device_->download_adamw_state(m.data(), v.data()); !s.ok()) device_lost(s, "the optimizer's state");
+  if (Status s = adamw_.restore(std::move(m), std::move(v), device_->adamw_steps()); !s.ok()) {
+    device_lost(s, "the optimizer's state");
+  }
+  host_optimizer_behind_ = false;
+}
+
+Status PolicyTrainer::push() {
+  if (device_params_behind_) {
+    if (Status s = device_->upload_params(model_.params()); !s.ok()) return s;
+    device_params_behind_ = false;
+  }
+  if (device_optimizer_behind_) {
+    if (Status s = device_->restore_adamw_state(adamw_.m().data(), adamw_.v().data(), adamw_.steps()); !s.ok()) {
+      return s;
+    }
+    device_optimizer_behind_ = false;
+  }
+  return {};
+}
+
+const model::Gpt<float>& PolicyTrainer::model() const {
+  pull_params();
+  return model_;
+}
+
+model::Gpt<float>& PolicyTrainer::edit_model() {
+  pull_params();
+  if (resident_) device_params_behind_ = true;
+  return model_;
+}
+
+const model::AdamW& PolicyTrainer::optimizer() const {
+  pull_optimizer();
+  return adamw_;
+}
+
+model::AdamW& PolicyTrainer::edit_optimizer() {
+  pull_optimizer();
+  if (resident_) device_optimizer_behind_ = true;
+  return adamw_;
+}
+
+size_t PolicyTrainer::optimizer_steps() const {
+  return resident_ && !device_optimizer_behind_ ? device_->adamw_steps() : adamw_.steps();
+}
+
+Result<float*> PolicyTrainer::gradients() {
+  if (!resident_) return model_.grads();
+  return device_->device_grads();
+}
+
+Status PolicyTrainer::copy_params(float* dst, size_t floats) const {
+  if (floats > model_.layout().total()) {
+    return Status(ErrorCode::invalid_argument, "policy trainer: " + std::to_string(floats) +
+                                                   " parameters asked for; the model has " +
+                                                   std::to_string(model_.layout().total()));
+  }
+  if (!host_params_behind_) {
+    std::memcpy(dst, model_.params(), floats * sizeof(float));
+    return {};
+  }
+  if (floats == model_.layout().total()) return device_->download_params(dst);
+  pull_params();
+  std::memcpy(dst, model_.params(), floats * sizeof(float));
+  return {};
+}
 
 Status PolicyTrainer::forward_logprobs(const TrainBatch& batch, bool entropy) {
   const size_t n = batch.B * batch.T;
@@ -17,9 +108,13 @@ Status PolicyTrainer::forward_logprobs(const TrainBatch& batch, bool entropy) {
       return Status(ErrorCode::unsupported, "policy trainer: the device model computes no entropies (an entropy "
                                             "bonus, or PPO): train on the CPU model");
     }
-    // The host's parameters are the master copy: the optimizer, a copied
-    // state or a collective may have changed them since the last step.
-    if (Status s = device_->upload_params(model_.params()); !s.ok()) return s;
+    if (resident_) {
+      if (Status s = push(); !s.ok()) return s;
+    } else if (Status s = device_->upload_params(model_.params()); !s.ok()) {
+      // Offloaded: the host's parameters are the master copy; the
+      // optimizer, a copied state or a collective may have changed them.
+      return s;
+    }
     if (Status s = device_->forward(batch.tokens.data(), batch.targets.data(), batch.B, batch.T, logprobs_.data());
         !s.ok()) {
       return s;
@@ -37,14 +132,16 @@ Status PolicyTrainer::forward_logprobs(const TrainBatch& batch, bool entropy) {
 
 Result<StepStats> PolicyTrainer::supervised_step(const TrainBatch& batch) {
   auto st = supervised_gradients(batch);
-  if (st) apply_gradients(*st);
+  if (!st) return st;
+  if (Status s = apply_gradients(*st); !s.ok()) return error(s);
   return st;
 }
 
 Result<StepStats> PolicyTrainer::policy_step(const TrainBatch& batch, const model::PolicyLossConfig& config,
                                              const float* ref_logprobs) {
   auto st = policy_gradients(batch, config, ref_logprobs);
-  if (st) apply_gradients(*st);
+  if (!st) return st;
+  if (Status s = apply_gradients(*st); !s.ok()) return error(s);
   return st;
 }
 
@@ -164,8 +261,11 @@ Result<StepStats> PolicyTrainer::backward(const TrainBatch& batch, double loss, 
     }
   }
   model::to_model_dlosses(dlosses_.data(), dlogprobs_.data(), n);
-  if (device_ != nullptr) {
+  if (resident_) {
     // forward_logprobs refused what needs dvalues or dentropy here.
+    if (Status s = device_->zero_grad(); !s.ok()) return error(s);
+    if (Status s = device_->accumulate_grads(dlosses_.data()); !s.ok()) return error(s);
+  } else if (device_ != nullptr) {
     if (Status s = device_->backward(dlosses_.data(), model_.grads()); !s.ok()) return error(s);
   } else {
     model_.zero_grad();
@@ -177,9 +277,28 @@ Result<StepStats> PolicyTrainer::backward(const TrainBatch& batch, double loss, 
   return st;
 }
 
-void PolicyTrainer::apply_gradients(StepStats& st) {
-  st.learning_rate = adamw_.learning_rate(adamw_.steps());
-  st.grad_norm = adamw_.step(model_.params(), model_.grads());
+Status PolicyTrainer::zero_gradients() {
+  if (!resident_) {
+    model_.zero_grad();
+    return {};
+  }
+  if (Status s = push(); !s.ok()) return s;
+  return device_->zero_grad();
+}
+
+Status PolicyTrainer::apply_gradients(StepStats& st) {
+  st.learning_rate = adamw_.learning_rate(optimizer_steps());
+  if (!resident_) {
+    st.grad_norm = adamw_.step(model_.params(), model_.grads());
+    return {};
+  }
+  if (Status s = push(); !s.ok()) return s;
+  auto norm = device_->adamw_step(optim_);
+  // Even a failed step may have changed the device's state in part.
+  host_params_behind_ = host_optimizer_behind_ = true;
+  if (!norm) return norm.error();
+  st.grad_norm = *norm;
+  return {};
 }
 
 void PolicyTrainer::apply_gradients(StepStats& st, double norm) {

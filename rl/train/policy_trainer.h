@@ -48,17 +48,47 @@ class PolicyTrainer {
   /// optimizer keeps the state of those parameters only (ZeRO-1: see
   /// apply_gradients(StepStats&, double)). With `device` (not owned; it
   /// must outlive this trainer and be of the model's config), forwards
-  /// and backwards run there: each uploads model().params() first, and the
-  /// gradients come back to model().grads(), so everything else (the
-  /// optimizer, the collectives, checkpoints) stays on the host. The
-  /// device path has no entropies or values: PPO and an entropy bonus
-  /// are refused (unsupported).
+  /// and backwards run there, in one of two ways (model/device_model.h):
+  /// - resident, without a range: the parameters, the gradients and the
+  ///   optimizer's moments live on the device between steps. The host's
+  ///   copies are brought up to date when read (model(), optimizer(),
+  ///   copy_params()) and sent back before the next step when written
+  ///   (edit_model(), edit_optimizer()); the collectives take gradients().
+  /// - offloaded, with a range: each forward uploads the parameters and
+  ///   each backward brings the gradients back to the host, where the
+  ///   optimizer and the collectives work.
+  /// The device path has no entropies or values: PPO and an entropy bonus
+  /// are refused (unsupported). A device that fails while the host's
+  /// copies are read throws std::runtime_error (its state is lost: the
+  /// caller's process should fail and restart).
   PolicyTrainer(model::Gpt<float> model, const model::AdamWConfig& optim,
                 std::optional<model::ParamRange> range = std::nullopt, model::DeviceModel* device = nullptr);
 
-  model::Gpt<float>& model() { return model_; }
-  const model::Gpt<float>& model() const { return model_; }
-  model::AdamW& optimizer() { return adamw_; }
+  /// The model's layout (copies nothing).
+  const model::ParamLayout& layout() const { return model_.layout(); }
+  /// The model, its parameters current (its gradients are the host's: on a
+  /// resident device, use gradients()).
+  const model::Gpt<float>& model() const;
+  /// The model for changing: a resident device takes its parameters again
+  /// before the next step.
+  model::Gpt<float>& edit_model();
+  /// The optimizer, its state current.
+  const model::AdamW& optimizer() const;
+  /// The optimizer for changing (AdamW::restore): a resident device takes
+  /// its state again before the next step.
+  model::AdamW& edit_optimizer();
+  /// Optimizer steps taken (without copying a resident device's state).
+  size_t optimizer_steps() const;
+  /// Whether the training state lives on the device (see the constructor).
+  bool resident() const { return resident_; }
+  /// The gradients for a collective to reduce in place between the last
+  /// backward and the optimizer step: the device's (its memory) when
+  /// resident, else model()'s. Errors: the device's.
+  Result<float*> gradients();
+  /// Copies the policy's parameters (`floats` of them, from the start of the
+  /// layout) to host memory at `dst`: from a resident device when it is
+  /// ahead, without going through model(). Errors: the device's.
+  Status copy_params(float* dst, size_t floats) const;
 
   /// One optimizer step on the mean next-token loss of the batch's
   /// completion tokens. Errors: a batch the model refuses (its message).
@@ -100,11 +130,12 @@ class PolicyTrainer {
   /// a batch the model refuses.
   Result<std::vector<float>> values(const TrainBatch& batch);
   /// Zero gradients: a rank with no share of a batch still takes part in
-  /// the sum.
-  void zero_gradients() { model_.zero_grad(); }
-  /// One optimizer step with model().grads(); fills the stats' grad_norm
-  /// and learning_rate.
-  void apply_gradients(StepStats& stats);
+  /// the sum. Errors: the device's.
+  Status zero_gradients();
+  /// One optimizer step with the gradients; fills the stats' grad_norm
+  /// and learning_rate. Errors: the device's (nothing is known to have
+  /// changed then: the state is the device's to lose).
+  Status apply_gradients(StepStats& stats);
   /// ZeRO-1: the step of the optimizer's range only, with the gradient's
   /// global `norm` (the ranks' squared_norm() summed, then the root); the
   /// other parameters are the other ranks' to update.
@@ -120,9 +151,22 @@ class PolicyTrainer {
   Result<StepStats> backward(const TrainBatch& batch, double loss, double grad_scale, float* dvalues = nullptr,
                              float* dentropy = nullptr);
 
-  model::Gpt<float> model_;
-  model::AdamW adamw_;
+  // Resident: sends the host's state where the device's is behind.
+  Status push();
+  // Resident: brings the host's parameters / optimizer up to date.
+  void pull_params() const;
+  void pull_optimizer() const;
+
+  // Mutable: the host's copies of a resident state are caches.
+  mutable model::Gpt<float> model_;
+  mutable model::AdamW adamw_;
+  model::AdamWConfig optim_;
   model::DeviceModel* device_ = nullptr;
+  bool resident_ = false;
+  // Resident: which side is ahead. The device after a step (host_*_behind_),
+  // the host after a write (device_*_behind_, and at the start).
+  mutable bool host_params_behind_ = false, host_optimizer_behind_ = false;
+  bool device_params_behind_ = true, device_optimizer_behind_ = true;
   std::vector<float> logprobs_, dlogprobs_, dlosses_, dentropy_, dvalues_, rewards_, advantages_, returns_,
       old_values_;
 };

@@ -74,13 +74,22 @@ TrainerRank::TrainerRank(std::string config_toml) : config_(config::job_config_o
 }
 
 std::unique_ptr<model::DeviceModel> TrainerRank::make_device(size_t rank) const {
-  if (config_.trainer.device != config::TrainerConfig::Device::cuda) return nullptr;
-  auto dev = model::make_device_model(config_.trainer_shape(), {.kind = model::DeviceKind::cuda,
+  if (config_.trainer.device == config::TrainerConfig::Device::cpu) return nullptr;
+  auto dev = model::make_device_model(config_.trainer_shape(), {.kind = device_kind(),
                                                                  .device = -1,
                                                                  .rank = rank,
                                                                  .precision = config_.trainer.precision});
-  if (!dev) throw std::runtime_error("trainer: 'trainer.device' \"cuda\": " + dev.error().message());
+  if (!dev) {
+    throw std::runtime_error(std::string("trainer: 'trainer.device' \"") +
+                             (device_kind() == model::DeviceKind::host ? "host" : "cuda") +
+                             "\": " + dev.error().message());
+  }
   return std::move(*dev);
+}
+
+model::DeviceKind TrainerRank::device_kind() const {
+  return config_.trainer.device == config::TrainerConfig::Device::host ? model::DeviceKind::host
+                                                                       : model::DeviceKind::cuda;
 }
 
 void TrainerRank::make_trainer(model::Gpt<float> weights, const model::AdamWConfig& optim) {
@@ -96,7 +105,7 @@ void TrainerRank::handle(const JoinTrainerGroup& m) {
     {
       // The trainer points at device_: swap it in place of the old one.
       reference_device_.reset();
-      model::Gpt<float> weights = std::move(trainer_->model());
+      model::Gpt<float> weights = std::move(trainer_->edit_model());
       auto& old = trainer_->optimizer();
       std::vector<float> m_all = old.m(), v_all = old.v();
       const size_t steps = old.steps();
@@ -104,20 +113,20 @@ void TrainerRank::handle(const JoinTrainerGroup& m) {
       trainer_.reset();
       device_ = std::move(dev);
       make_trainer(std::move(weights), optim);
-      if (Status s = trainer_->optimizer().restore(std::move(m_all), std::move(v_all), steps); !s.ok()) {
+      if (Status s = trainer_->edit_optimizer().restore(std::move(m_all), std::move(v_all), steps); !s.ok()) {
         fail(s.message());
       }
     }
   }
   if (!config_.trainer.shard_optimizer || m.group.size < 2) return;
   // ZeRO-1: keep the optimizer state of this rank's segment only.
-  const auto range = segment_of(trainer_->model().layout().total(), m.group.rank, m.group.size);
+  const auto range = segment_of(trainer_->layout().total(), m.group.rank, m.group.size);
   const auto now = trainer_->optimizer().range();
   if (shard_ && now.begin == range.begin && now.end == range.end) return;
   if (shard_ && shard_->begin == shard_->end && trainer_->optimizer().steps() == 0) {
     // The first group: the segment's moments start at zero.
     shard_ = range;
-    make_trainer(std::move(trainer_->model()), optim_now());
+    make_trainer(std::move(trainer_->edit_model()), optim_now());
     return;
   }
   if (shard_) {
@@ -127,8 +136,8 @@ void TrainerRank::handle(const JoinTrainerGroup& m) {
   auto& old = trainer_->optimizer();
   std::vector<float> m_all = old.m(), v_all = old.v();
   const size_t steps = old.steps();
-  make_trainer(std::move(trainer_->model()), optim_now());
-  if (Status s = trainer_->optimizer().restore(std::move(m_all), std::move(v_all), steps); !s.ok()) fail(s.message());
+  make_trainer(std::move(trainer_->edit_model()), optim_now());
+  if (Status s = trainer_->edit_optimizer().restore(std::move(m_all), std::move(v_all), steps); !s.ok()) fail(s.message());
 }
 
 model::AdamWConfig TrainerRank::optim_now() const { return rl_phase_ ? config_.algorithm.optim : optim_for(config_); }
@@ -146,18 +155,21 @@ void TrainerRank::collective(CollectiveKind kind, void* data, size_t count, DTyp
 Deferred<RankStepStats> TrainerRank::handle(const TrainStep& m) {
   auto reply = defer<RankStepStats>();
   const auto start = Clock::now();
-  if (trainer_->optimizer().steps() != m.expected_steps || rl_phase_ != m.rl_phase) {
+  if (trainer_->optimizer_steps() != m.expected_steps || rl_phase_ != m.rl_phase) {
     reply.fail(Status(ErrorCode::invalid_argument,
                       "trainer rank " + std::to_string(group_ ? group_->rank : 0) + ": its state (" +
                           (rl_phase_ ? "rl" : "warm-up") + " phase, " +
-                          std::to_string(trainer_->optimizer().steps()) + " optimizer steps) is not the job's (" +
+                          std::to_string(trainer_->optimizer_steps()) + " optimizer steps) is not the job's (" +
                           (m.rl_phase ? "rl" : "warm-up") + ", " + std::to_string(m.expected_steps) +
                           "): it restarted and must take a survivor's state"));
     return reply;
   }
   train::StepStats st;
   if (m.sequences.empty()) {
-    trainer_->zero_gradients();
+    if (Status s = trainer_->zero_gradients(); !s.ok()) {
+      reply.fail(s);
+      return reply;
+    }
   } else {
     auto batch = wire_batch(m.sequences, config_.model.shape.context_length);
     if (!batch) {
@@ -207,7 +219,7 @@ Deferred<RankStepStats> TrainerRank::handle(const TrainStep& m) {
 
   auto finish = [this, reply, out, st](Clock::time_point reduce_start) mutable {
     out.allreduce_seconds = seconds_since(reduce_start);
-    trainer_->apply_gradients(st);
+    if (Status s = trainer_->apply_gradients(st); !s.ok()) return reply.fail(s);
     out.grad_norm = st.grad_norm;
     out.learning_rate = st.learning_rate;
     reply.complete(out);
@@ -221,13 +233,20 @@ Deferred<RankStepStats> TrainerRank::handle(const TrainStep& m) {
                       "trainer rank " + std::to_string(group_ ? group_->rank : 0) + ": no collective group yet (send JoinTrainerGroup)"));
     return reply;
   }
-  const size_t n = trainer_->model().layout().total();
+  const size_t n = trainer_->layout().total();
   const auto reduce_start = Clock::now();
   if (shard_) {
     sharded_step(reply, out, st, m.snapshot, reduce_start);
     return reply;
   }
-  collective(CollectiveKind::allreduce, trainer_->model().grads(), n, DType::float32, "gradient allreduce",
+  // On a resident device, its gradients in place: the engine takes NCCL
+  // for CUDA memory.
+  auto grads = trainer_->gradients();
+  if (!grads) {
+    reply.fail(grads.error());
+    return reply;
+  }
+  collective(CollectiveKind::allreduce, *grads, n, DType::float32, "gradient allreduce",
              [finish, reduce_start, reply](Status s) mutable {
                if (!s.ok()) return reply.fail(s);
                finish(reduce_start);
@@ -259,9 +278,9 @@ void TrainerRank::sharded_step(Deferred<RankStepStats> reply, RankStepStats out,
   // every segment to every rank. The parts travel as the bits of doubles
   // (an allgather of int32 pairs) and are added in rank order on every
   // rank: the same norm, to the bit, everywhere.
-  const size_t n = trainer_->model().layout().total();
+  const size_t n = trainer_->layout().total();
   const size_t ranks = group_->size;
-  collective(CollectiveKind::reduce_scatter, trainer_->model().grads(), n, DType::float32,
+  collective(CollectiveKind::reduce_scatter, trainer_->edit_model().grads(), n, DType::float32,
              "gradient reduce-scatter", [this, reply, out, st, snapshot, reduce_start, n, ranks](Status s) mutable {
                if (!s.ok()) return reply.fail(s);
                norm_parts_.assign(ranks, 0.0);
@@ -286,29 +305,32 @@ void TrainerRank::sharded_step(Deferred<RankStepStats> reply, RankStepStats out,
                             };
                             // A NaN or infinite norm updated nothing, on every rank.
                             if (!std::isfinite(st.grad_norm)) return done(Status());
-                            collective(CollectiveKind::allgather, trainer_->model().params(), n, DType::float32,
+                            collective(CollectiveKind::allgather, trainer_->edit_model().params(), n, DType::float32,
                                        "parameter allgather", std::move(done));
                           });
              });
 }
 
 PublishedWeights TrainerRank::handle(const PublishWeights& m) {
-  const auto& gpt = trainer_->model();
-  const size_t n = gpt.layout().policy_count();
+  const size_t n = trainer_->layout().policy_count();
   if (!published_.handle()) {
     auto reg = allocate_buffer(n * sizeof(float));
     if (!reg) fail("trainer: cannot register the published weights: " + reg.error().message());
     published_ = std::move(*reg);
   }
-  std::memcpy(published_.data(), gpt.params(), n * sizeof(float));
+  // From a resident device straight into the registered buffer.
+  if (Status s = trainer_->copy_params(static_cast<float*>(published_.data()), n); !s.ok()) {
+    fail("trainer: cannot copy the weights to publish: " + s.message());
+  }
   return {published_.handle(), m.version, n, static_cast<int64_t>(::getpid())};
 }
 
 void TrainerRank::handle(const StartRlPhase&) {
   if (config_.algorithm.loss.kl_coef > 0) reference_.emplace(trainer_->model());
+  reference_on_device_ = false;
   // The warm-up's optimizer state is not the RL phase's: start it afresh
   // (what a job started from a checkpoint of the warm-up would do).
-  make_trainer(std::move(trainer_->model()), config_.algorithm.optim);
+  make_trainer(std::move(trainer_->edit_model()), config_.algorithm.optim);
   rl_phase_ = true;
 }
 
@@ -355,7 +377,8 @@ Deferred<std::vector<std::pair<std::string, std::string>>> TrainerRank::handle(c
   auto reply = defer<std::vector<std::pair<std::string, std::string>>>();
   // Into a copy: a state that does not fit leaves this rank as it was.
   train::PolicyTrainer loaded(trainer_->model(), config_.algorithm.optim, shard_, device_.get());
-  auto meta = model::load_training_state(m.path, loaded.model().layout(), loaded.model().params(), loaded.optimizer());
+  auto meta = model::load_training_state(m.path, loaded.layout(), loaded.edit_model().params(),
+                                         loaded.edit_optimizer());
   if (!meta) {
     reply.fail(Status(meta.error().code(), "trainer: resume: " + meta.error().message()));
     return reply;
@@ -375,24 +398,31 @@ Deferred<std::vector<std::pair<std::string, std::string>>> TrainerRank::handle(c
   // Without a saved reference (kl_coef was 0 when it was written), the
   // loaded weights become it at the next step.
   reference_ = std::move(reference);
+  reference_on_device_ = false;
   reply.complete({meta->begin(), meta->end()});
   return reply;
 }
 
 Status TrainerRank::reference_logprobs(const train::TrainBatch& batch) {
-  if (!reference_) reference_.emplace(trainer_->model());
+  if (!reference_) {
+    reference_.emplace(trainer_->model());
+    reference_on_device_ = false;
+  }
   const size_t n = batch.B * batch.T;
   ref_logprobs_.resize(n);
   if (device_ != nullptr) {
     if (!reference_device_) {
-      auto dev = model::make_device_model(config_.trainer_shape(), {.kind = model::DeviceKind::cuda,
+      auto dev = model::make_device_model(config_.trainer_shape(), {.kind = device_kind(),
                                                                      .device = device_->device(),
                                                                      .precision = config_.trainer.precision});
       if (!dev) return Status(dev.error().code(), "trainer: the reference policy's device model: " + dev.error().message());
       reference_device_ = std::move(*dev);
     }
-    // Uploaded every step: a resume or a copied state replaces reference_.
-    if (Status s = reference_device_->upload_params(reference_->params()); !s.ok()) return s;
+    // Again whenever reference_ changed (a resume, a copied state).
+    if (!reference_on_device_) {
+      if (Status s = reference_device_->upload_params(reference_->params()); !s.ok()) return s;
+      reference_on_device_ = true;
+    }
     if (Status s = reference_device_->forward(batch.tokens.data(), batch.targets.data(), batch.B, batch.T,
                                               ref_logprobs_.data());
         !s.ok()) {
@@ -409,7 +439,10 @@ Status TrainerRank::reference_logprobs(const train::TrainBatch& batch) {
 Status TrainerRank::save_reference(const std::string& path) {
   if (path.empty() || config_.algorithm.loss.kl_coef <= 0) return {};
   // Made now if no step made it yet: the weights the next step would take.
-  if (!reference_) reference_.emplace(trainer_->model());
+  if (!reference_) {
+    reference_.emplace(trainer_->model());
+    reference_on_device_ = false;
+  }
   Status s = model::save_model(path, reference_->layout(), reference_->params());
   if (!s.ok()) return Status(s.code(), "trainer: the reference policy: " + s.message());
   return {};
@@ -445,7 +478,7 @@ Result<TrainerStateHandles> TrainerRank::handle(const ExportTrainerState&) {
 
 Deferred<uint64_t> TrainerRank::handle(const ImportTrainerState& m) {
   auto reply = defer<uint64_t>();
-  const size_t n = trainer_->model().layout().total();
+  const size_t n = trainer_->layout().total();
   if (m.from.floats != n) {
     reply.fail(Status(ErrorCode::invalid_argument, "trainer: the exported state has " + std::to_string(m.from.floats) +
                                                        " parameters, this model " + std::to_string(n)));
@@ -473,17 +506,18 @@ Deferred<uint64_t> TrainerRank::handle(const ImportTrainerState& m) {
     if (!r && in->failed.ok()) in->failed = r.error();
     if (--in->left > 0) return;
     if (!in->failed.ok()) return reply.fail(Status(in->failed.code(), "trainer: state copy: " + in->failed.message()));
-    if (rl_phase) make_trainer(std::move(trainer_->model()), config_.algorithm.optim);
+    if (rl_phase) make_trainer(std::move(trainer_->edit_model()), config_.algorithm.optim);
     rl_phase_ = rl_phase;
-    std::memcpy(trainer_->model().params(), in->params.data(), in->params.size() * sizeof(float));
+    std::memcpy(trainer_->edit_model().params(), in->params.data(), in->params.size() * sizeof(float));
     // The survivor's reference policy, or none (then the copied weights
     // become it at the next step, as the survivor's would have).
     reference_.reset();
+    reference_on_device_ = false;
     if (!in->reference.empty()) {
       reference_.emplace(trainer_->model());
       std::memcpy(reference_->params(), in->reference.data(), in->reference.size() * sizeof(float));
     }
-    if (Status s = trainer_->optimizer().restore(std::move(in->m), std::move(in->v), steps); !s.ok()) {
+    if (Status s = trainer_->edit_optimizer().restore(std::move(in->m), std::move(in->v), steps); !s.ok()) {
       return reply.fail(s);
     }
     reply.complete(steps);
@@ -606,7 +640,7 @@ Result<ShardSnapshot> TrainerRank::take_snapshot() {
 
 Deferred<void> TrainerRank::handle(const BackUpShard& m) {
   auto reply = defer<void>();
-  const size_t P = trainer_->model().layout().total();
+  const size_t P = trainer_->layout().total();
   if (Status s = check_snapshot(m.from, P); !s.ok()) {
     reply.fail(s);
     return reply;
@@ -671,21 +705,22 @@ void TrainerRank::restore_shard(const ShardSnapshot& at, const float* params, st
                                 std::vector<float> v, const std::vector<float>* reference) {
   if (at.rl_phase != rl_phase_) {
     rl_phase_ = at.rl_phase;
-    make_trainer(std::move(trainer_->model()), optim_now());
+    make_trainer(std::move(trainer_->edit_model()), optim_now());
   }
-  std::memcpy(trainer_->model().params() + at.begin, params, (at.end - at.begin) * sizeof(float));
+  std::memcpy(trainer_->edit_model().params() + at.begin, params, (at.end - at.begin) * sizeof(float));
   if (reference != nullptr) {
     reference_.emplace(trainer_->model());
+    reference_on_device_ = false;
     std::memcpy(reference_->params(), reference->data(), reference->size() * sizeof(float));
   }
-  if (Status s = trainer_->optimizer().restore(std::move(m), std::move(v), at.optimizer_steps); !s.ok()) {
+  if (Status s = trainer_->edit_optimizer().restore(std::move(m), std::move(v), at.optimizer_steps); !s.ok()) {
     fail("trainer: restoring a shard snapshot: " + s.message());  // checked against the segment: a broken invariant
   }
 }
 
 Deferred<void> TrainerRank::handle(const RestoreShard& m) {
   auto reply = defer<void>();
-  const size_t P = trainer_->model().layout().total();
+  const size_t P = trainer_->layout().total();
   const bool own = !m.from.params;
   if (own && trainer_->optimizer().steps() == m.version.optimizer_steps && rl_phase_ == m.version.rl_phase) {
     reply.complete();  // its segment and moments are at the version (the parameter allgather does the rest)
@@ -745,7 +780,7 @@ Deferred<void> TrainerRank::handle(const GatherParams&) {
     reply.fail(Status(ErrorCode::invalid_argument, "trainer: no collective group yet (send JoinTrainerGroup)"));
     return reply;
   }
-  collective(CollectiveKind::allgather, trainer_->model().params(), trainer_->model().layout().total(), DType::float32,
+  collective(CollectiveKind::allgather, trainer_->edit_model().params(), trainer_->layout().total(), DType::float32,
              "parameter allgather", [reply](Status s) mutable { s.ok() ? reply.complete() : reply.fail(s); });
   return reply;
 }

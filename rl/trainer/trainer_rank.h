@@ -299,6 +299,9 @@ class TrainerRank : public Actor<TrainerRank, JoinTrainerGroup, TrainStep, Score
   std::unique_ptr<model::DeviceModel> device_, reference_device_;
   std::optional<train::PolicyTrainer> trainer_;
   std::optional<model::Gpt<float>> reference_;
+  // Whether reference_device_ holds reference_'s weights (false whenever
+  // reference_ changes).
+  bool reference_on_device_ = false;
   std::optional<CollectiveGroup> group_;
   // The published copy of the parameters, and the exported state.
   BufferRegistration published_;
@@ -332,7 +335,9 @@ class TrainerRank : public Actor<TrainerRank, JoinTrainerGroup, TrainStep, Score
   // (Re)makes the trainer of `weights` with `optim`, this rank's shard
   // and device.
   void make_trainer(model::Gpt<float> weights, const model::AdamWConfig& optim);
-  // The device model for this rank (trainer.device = "cuda"; null on the CPU).
+  // The kind of device model trainer.device asks for (not "cpu").
+  model::DeviceKind device_kind() const;
+  // The device model for this rank (trainer.device "cuda" or "host"; null on the CPU).
   std::unique_ptr<model::DeviceModel> make_device(size_t rank) const;
   // The reference policy's log-probabilities of `batch` into ref_logprobs_.
   Status reference_logprobs(const train::TrainBatch& batch);

@@ -1,12 +1,15 @@
 // The RL job on a GPU (trainer.device and rollout.device = "cuda",
 // rl/model/device_model.h): the device model that make_device_model loads
-// from libtroupe_rl_cuda, a PolicyTrainer step on it against the same step
-// on the CPU, and the README's main job with its trainer rank and rollout
+// from libtroupe_rl_cuda, a PolicyTrainer's steps on it (offloaded and
+// resident) against the same steps on the CPU, and the README's main job with its trainer rank and rollout
 // engine on the GPU (and with the trainer alone there) learning as it does
 // on the CPU.
 #include <catch2/catch.hpp>
 
+#include <cuda_runtime_api.h>
+
 #include <cmath>
+#include <optional>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -16,6 +19,7 @@
 
 #include "controller/rl_job.h"
 #include "model/device_model.h"
+#include "support/counting_device.h"
 #include "model/gpt.h"
 #include "train/batch.h"
 #include "train/policy_trainer.h"
@@ -60,19 +64,29 @@ double relative_l2(const float* a, const float* b, size_t n) {
 
 }  // namespace
 
-TEST_CASE("gpu trainer: the CUDA device model's policy steps follow the CPU model's (fp32)", "[gpu][rl]") {
+TEST_CASE("gpu trainer: the CUDA device model's policy steps follow the CPU model's in fp32 offloaded and resident",
+          "[gpu][rl]") {
   const auto c = small();
-  auto dev = model::make_device_model(c, {.kind = model::DeviceKind::cuda, .device = 0});
-  INFO((dev ? (*dev)->describe() : dev.error().to_string()));
-  REQUIRE(dev.has_value());
-  CHECK_THAT((*dev)->describe(), Catch::StartsWith("cuda:0 "));
+  // Offloaded: the gradients come back to the host's AdamW each step (what
+  // ZeRO-1 does); resident: they stay on the GPU with its AdamW.
+  const bool resident = GENERATE(false, true);
+  INFO((resident ? "resident" : "offloaded"));
+  auto made = model::make_device_model(c, {.kind = model::DeviceKind::cuda, .device = 0});
+  INFO((made ? (*made)->describe() : made.error().to_string()));
+  REQUIRE(made.has_value());
+  CHECK_THAT((*made)->describe(), Catch::StartsWith("cuda:0 "));
+  troupe::test::CountingDevice dev(std::move(*made));
   model::AdamWConfig optim;
   optim.learning_rate = 1e-3;
   train::PolicyTrainer cpu(seeded(c), optim);
-  train::PolicyTrainer gpu(seeded(c), optim, std::nullopt, dev->get());
+  const size_t n = cpu.layout().total();
+  std::optional<model::ParamRange> range;
+  if (!resident) range = model::ParamRange{0, n};
+  train::PolicyTrainer gpu(seeded(c), optim, range, &dev);
+  REQUIRE(gpu.resident() == resident);
   const auto batch = policy_batch(c);
   model::PolicyLossConfig loss;
-  const size_t n = cpu.model().layout().total();
+  std::vector<float> g(n);
   for (int step = 0; step < 3; ++step) {
     INFO("step " << step);
     // The gradient to fp32's tolerance (the GPU sums in another order)...
@@ -81,13 +95,36 @@ TEST_CASE("gpu trainer: the CUDA device model's policy steps follow the CPU mode
     REQUIRE(a);
     REQUIRE(b);
     CHECK(std::abs(a->loss - b->loss) <= 1e-4 * std::max(1.0, std::abs(a->loss)));
-    CHECK(relative_l2(gpu.model().grads(), cpu.model().grads(), n) < 1e-4);
-    // ...then the same host AdamW on each: an element whose tiny gradient
-    // flips sign moves by 2 x lr, so the weights agree more loosely.
-    cpu.apply_gradients(*a);
-    gpu.apply_gradients(*b);
+    if (!resident) CHECK(relative_l2(gpu.model().grads(), cpu.model().grads(), n) < 1e-4);
+    // ...then AdamW on each: an element whose tiny gradient flips sign
+    // moves by 2 x lr, so the weights agree more loosely.
+    REQUIRE(cpu.apply_gradients(*a).ok());
+    REQUIRE(gpu.apply_gradients(*b).ok());
     CHECK(std::abs(a->grad_norm - b->grad_norm) <= 1e-3 * a->grad_norm);
+    CHECK(a->learning_rate == b->learning_rate);
     CHECK(relative_l2(gpu.model().params(), cpu.model().params(), n) < 1e-2);
+  }
+  if (resident) {
+    // In once; out only when read (each step's check above); the
+    // gradients never.
+    CHECK(dev.uploads == 1);
+    CHECK(dev.downloads == 3);
+    CHECK(dev.gradient_downloads == 0);
+    CHECK(dev.device_steps == 3);
+    CHECK(gpu.optimizer_steps() == 3);
+    // The GPU's moments, against the CPU's.
+    CHECK(relative_l2(gpu.optimizer().v().data(), cpu.optimizer().v().data(), n) < 1e-2);
+    CHECK(gpu.optimizer().steps() == 3);
+    // The gradients for the allreduce are device memory.
+    auto grads = gpu.gradients();
+    REQUIRE(grads);
+    cudaPointerAttributes attr{};
+    REQUIRE(cudaPointerGetAttributes(&attr, *grads) == cudaSuccess);
+    CHECK(attr.type == cudaMemoryTypeDevice);
+  } else {
+    CHECK(dev.uploads == 3);
+    CHECK(dev.gradient_downloads == 3);
+    CHECK(dev.device_steps == 0);
   }
   // Bad input is the device's error, not a crash.
   train::TrainBatch too_long = batch;

@@ -1,10 +1,13 @@
 // The trainer's device path (model/device_model.h) on a machine without a
 // GPU: a PolicyTrainer on a device model takes the same steps as on the CPU
 // model (the device here is the CPU model behind the interface, so the bits
-// must agree), it re-uploads the host's weights each step, it refuses what
-// the device cannot compute, and a job asking for a GPU where there is none
-// is refused with the reason. The CUDA model itself: test/gpu.
+// must agree), resident or offloaded, and moves between host and device
+// only what each way promises; it refuses what the device cannot compute,
+// and a job asking for a GPU where there is none is refused with the
+// reason. The CUDA model itself: test/gpu.
+#include <algorithm>
 #include <cstdlib>
+#include <memory>
 #include <cstring>
 #include <filesystem>
 #include <string>
@@ -13,6 +16,7 @@
 #include <catch2/catch.hpp>
 
 #include "config/rl_config.h"
+#include "support/counting_device.h"
 #include "support/scoped_env.h"
 #include "controller/rl_job.h"
 #include "model/device_model.h"
@@ -23,41 +27,9 @@
 using namespace troupe::rl;
 using troupe::ErrorCode;
 using troupe::Status;
+using troupe::test::CountingDevice;
 
 namespace {
-
-// The CPU model behind the DeviceModel interface: what a GPU's copy does,
-// on the host. It counts its uploads.
-class HostDeviceModel final : public model::DeviceModel {
- public:
-  explicit HostDeviceModel(const model::GptConfig& c) : gpt_(model::Gpt<float>::make(c).value()) {}
-  std::string describe() const override { return "host (test)"; }
-  int device() const override { return 0; }
-  int devices_seen() const override { return 1; }
-  Status upload_params(const float* host) override {
-    std::memcpy(gpt_.params(), host, gpt_.layout().total() * sizeof(float));
-    ++uploads;
-    return {};
-  }
-  Status forward(const int32_t* tokens, const int32_t* targets, size_t B, size_t T, float* losses) override {
-    if (Status s = gpt_.forward(tokens, targets, B, T); !s.ok()) return s;
-    std::memcpy(losses, gpt_.losses(), B * T * sizeof(float));
-    forwarded = true;
-    return {};
-  }
-  Status backward(const float* dlosses, float* grads) override {
-    if (!forwarded) return Status(ErrorCode::invalid_argument, "no forward");
-    gpt_.zero_grad();
-    gpt_.backward(dlosses);
-    std::memcpy(grads, gpt_.grads(), gpt_.layout().total() * sizeof(float));
-    return {};
-  }
-  int uploads = 0;
-
- private:
-  model::Gpt<float> gpt_;
-  bool forwarded = false;
-};
 
 model::GptConfig tiny() {
   return model::GptConfig{.vocab_size = 20, .context_length = 12, .layers = 2, .heads = 2, .channels = 16};
@@ -89,20 +61,11 @@ model::AdamWConfig optim() {
   return o;
 }
 
-}  // namespace
-
-TEST_CASE("policy trainer: on a device model it takes the CPU model's steps, bit for bit, re-uploading the host's "
-          "weights each step",
-          "[rl][train]") {
-  const auto c = tiny();
-  const auto batch = policy_batch(c);
-  model::PolicyLossConfig loss;
-  loss.kl_coef = 0;
-  train::PolicyTrainer cpu(seeded(c), optim());
-  HostDeviceModel dev(c);
-  train::PolicyTrainer on_device(seeded(c), optim(), std::nullopt, &dev);
-  const size_t n = cpu.model().layout().total();
-  for (int step = 0; step < 3; ++step) {
+// `steps` policy steps of each trainer on `batch`: the same losses, norms
+// and learning rates, bit for bit.
+void check_same_policy_steps(train::PolicyTrainer& cpu, train::PolicyTrainer& on_device,
+                             const train::TrainBatch& batch, const model::PolicyLossConfig& loss, int steps) {
+  for (int step = 0; step < steps; ++step) {
     INFO("step " << step);
     auto a = cpu.policy_step(batch, loss);
     auto b = on_device.policy_step(batch, loss);
@@ -110,16 +73,37 @@ TEST_CASE("policy trainer: on a device model it takes the CPU model's steps, bit
     REQUIRE(b);
     CHECK(a->loss == b->loss);
     CHECK(a->grad_norm == b->grad_norm);
+    CHECK(a->learning_rate == b->learning_rate);
     CHECK(a->grad_norm > 0);
-    CHECK(std::memcmp(cpu.model().params(), on_device.model().params(), n * sizeof(float)) == 0);
+    CHECK(on_device.optimizer_steps() == cpu.optimizer_steps());
   }
+}
+
+}  // namespace
+
+TEST_CASE("policy trainer: offloaded to a device model (a ZeRO-1 range) it takes the CPU model's steps, bit for "
+          "bit, re-uploading the host's weights each step",
+          "[rl][train]") {
+  const auto c = tiny();
+  const auto batch = policy_batch(c);
+  model::PolicyLossConfig loss;
+  loss.kl_coef = 0;
+  train::PolicyTrainer cpu(seeded(c), optim());
+  CountingDevice dev(model::make_device_model(c, {.kind = model::DeviceKind::host}).value());
+  const size_t n = cpu.layout().total();
+  train::PolicyTrainer on_device(seeded(c), optim(), model::ParamRange{0, n}, &dev);
+  CHECK_FALSE(on_device.resident());
+  check_same_policy_steps(cpu, on_device, batch, loss, 3);
+  CHECK(std::memcmp(cpu.model().params(), on_device.model().params(), n * sizeof(float)) == 0);
   CHECK(dev.uploads == 3);
+  CHECK(dev.gradient_downloads == 3);
+  CHECK(dev.device_steps == 0);  // the host's optimizer
   // Weights replaced on the host (a copied state, a collective) are the
   // ones the next step computes with.
   auto other = seeded(c);
   for (size_t i = 0; i < n; ++i) other.params()[i] *= 0.5f;
-  std::memcpy(cpu.model().params(), other.params(), n * sizeof(float));
-  std::memcpy(on_device.model().params(), other.params(), n * sizeof(float));
+  std::memcpy(cpu.edit_model().params(), other.params(), n * sizeof(float));
+  std::memcpy(on_device.edit_model().params(), other.params(), n * sizeof(float));
   auto a = cpu.supervised_step(batch);
   auto b = on_device.supervised_step(batch);
   REQUIRE(a);
@@ -128,12 +112,86 @@ TEST_CASE("policy trainer: on a device model it takes the CPU model's steps, bit
   CHECK(std::memcmp(cpu.model().params(), on_device.model().params(), n * sizeof(float)) == 0);
 }
 
+TEST_CASE("policy trainer: resident on a device model it takes the CPU model's steps bit for bit, and only the "
+          "losses cross per step",
+          "[rl][train]") {
+  const auto c = tiny();
+  const auto batch = policy_batch(c);
+  model::PolicyLossConfig loss;
+  loss.kl_coef = 0;
+  train::PolicyTrainer cpu(seeded(c), optim());
+  CountingDevice dev(model::make_device_model(c, {.kind = model::DeviceKind::host}).value());
+  train::PolicyTrainer on_device(seeded(c), optim(), std::nullopt, &dev);
+  REQUIRE(on_device.resident());
+  const size_t n = cpu.layout().total();
+  check_same_policy_steps(cpu, on_device, batch, loss, 3);
+  // The state went in once and nothing came back during the steps.
+  CHECK(dev.uploads == 1);
+  CHECK(dev.state_uploads == 1);
+  CHECK(dev.downloads == 0);
+  CHECK(dev.gradient_downloads == 0);
+  CHECK(dev.state_downloads == 0);
+  CHECK(dev.device_steps == 3);
+
+  // A copy of all the parameters comes straight from the device (a weight
+  // sync's); reading the model brings the host's copy up to date, once.
+  std::vector<float> whole(n);
+  REQUIRE(on_device.copy_params(whole.data(), n).ok());
+  CHECK(std::memcmp(whole.data(), cpu.model().params(), n * sizeof(float)) == 0);
+  CHECK(dev.downloads == 1);
+  CHECK(std::memcmp(cpu.model().params(), on_device.model().params(), n * sizeof(float)) == 0);
+  CHECK(dev.downloads == 2);
+  std::vector<float> part(n / 2);
+  REQUIRE(on_device.copy_params(part.data(), part.size()).ok());
+  CHECK(std::memcmp(part.data(), cpu.model().params(), part.size() * sizeof(float)) == 0);
+  CHECK(dev.downloads == 2);  // from the host's copy, current now
+  CHECK_FALSE(on_device.copy_params(whole.data(), n + 1).ok());
+  // The optimizer's state, the same as the CPU's.
+  CHECK(on_device.optimizer().steps() == 3);
+  CHECK(on_device.optimizer().m() == cpu.optimizer().m());
+  CHECK(on_device.optimizer().v() == cpu.optimizer().v());
+  CHECK(dev.state_downloads == 1);
+
+  // What the host writes (a copied state, a checkpoint) is what the next
+  // step computes with, sent once.
+  auto other = seeded(c);
+  for (size_t i = 0; i < n; ++i) other.params()[i] *= 0.5f;
+  std::memcpy(cpu.edit_model().params(), other.params(), n * sizeof(float));
+  std::memcpy(on_device.edit_model().params(), other.params(), n * sizeof(float));
+  std::vector<float> m(n, 1e-3f), v(n, 1e-4f);
+  REQUIRE(cpu.edit_optimizer().restore(m, v, 7).ok());
+  REQUIRE(on_device.edit_optimizer().restore(m, v, 7).ok());
+  for (int step = 0; step < 2; ++step) {
+    auto a = cpu.supervised_step(batch);
+    auto b = on_device.supervised_step(batch);
+    REQUIRE(a);
+    REQUIRE(b);
+    CHECK(a->loss == b->loss);
+    CHECK(a->grad_norm == b->grad_norm);
+    CHECK(a->learning_rate == b->learning_rate);
+  }
+  CHECK(dev.uploads == 2);
+  CHECK(dev.state_uploads == 2);
+  CHECK(on_device.optimizer_steps() == 9);
+  CHECK(std::memcmp(cpu.model().params(), on_device.model().params(), n * sizeof(float)) == 0);
+  CHECK(on_device.optimizer().m() == cpu.optimizer().m());
+
+  // Data parallelism's pieces: the gradients to reduce are the device's.
+  auto g = on_device.gradients();
+  REQUIRE(g);
+  CHECK(*g != on_device.model().grads());
+  REQUIRE(on_device.zero_gradients().ok());
+  auto zeroed = on_device.gradients();
+  REQUIRE(zeroed);
+  CHECK(std::all_of(*zeroed, *zeroed + n, [](float x) { return x == 0.0f; }));
+}
+
 TEST_CASE("policy trainer: the device path refuses PPO (no value head there), naming the CPU model", "[rl][train]") {
   auto c = tiny();
   const auto batch = policy_batch(c);
   model::PolicyLossConfig loss;
   c.value_head = true;
-  HostDeviceModel critic_dev(c);
+  CountingDevice critic_dev(model::make_device_model(c, {.kind = model::DeviceKind::host}).value());
   train::PolicyTrainer ppo(seeded(c), optim(), std::nullopt, &critic_dev);
   std::vector<double> rewards(batch.B, 1.0);
   auto p = ppo.ppo_gradients(batch, rewards, loss, {});

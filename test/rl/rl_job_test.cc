@@ -306,6 +306,58 @@ TEST_CASE("rl job: a run resumed from a checkpoint takes the same next steps as 
   check_same_steps(a, b, 3, 6);
 }
 
+TEST_CASE("rl job: trainer.device = host (the GPU path's code: state resident in the device model, the allreduce "
+          "on its gradients) takes the CPU trainer's steps bit for bit on 2 ranks, and resumes bit for bit",
+          "[rl][job]") {
+  TempDir on_cpu, on_host, part;
+  auto s = session();
+  // A KL penalty: the reference policy's device model too.
+  const std::string two = "kl_coef = 0.2\n[trainer]\nranks = 2\n[rollout]\nengines = 2\n";
+  controller::JobOptions quiet = quiet_options({});
+  auto cpu = quiet;
+  cpu.run_dir = on_cpu.path.string();
+  REQUIRE(controller::run_rl_job(s->runtime(), s->cluster(), small_job("", 6, two), cpu));
+  auto host = quiet;
+  host.run_dir = on_host.path.string();
+  size_t checked = 0;
+  host.after_step = [&](size_t, const controller::JobProbe& probe) {
+    auto sums = probe.trainer_checksums();
+    REQUIRE(sums.size() == 2);
+    CHECK(sums[0] == sums[1]);  // the replicas, brought back from their device models, agree
+    ++checked;
+  };
+  const std::string on_device = "kl_coef = 0.2\n[trainer]\nranks = 2\ndevice = \"host\"\n[rollout]\nengines = 2\n";
+  auto ran = controller::run_rl_job(s->runtime(), s->cluster(), small_job("checkpoint_every = 3\n", 6, on_device), host);
+  INFO((ran ? std::string() : ran.error().message()));
+  REQUIRE(ran);
+  CHECK(checked == 6);
+  auto a = events(on_cpu.path / "metrics.jsonl", "step");
+  auto b = events(on_host.path / "metrics.jsonl", "step");
+  REQUIRE(a.size() == 6);
+  REQUIRE(b.size() == 6);
+  check_same_steps(a, b, 0, 6);
+  // The warm-up too (supervised steps through the device model).
+  auto wa = events(on_cpu.path / "metrics.jsonl", "warmup");
+  auto wb = events(on_host.path / "metrics.jsonl", "warmup");
+  REQUIRE(wa.size() == wb.size());
+  REQUIRE_FALSE(wa.empty());
+  for (size_t i = 0; i < wa.size(); ++i) {
+    CHECK(wa[i]["step"] == wb[i]["step"]);
+    CHECK(wa[i]["loss"] == wb[i]["loss"]);
+  }
+
+  // A checkpoint written from device models, resumed into new ones.
+  auto first = quiet;
+  first.run_dir = part.path.string();
+  REQUIRE(controller::run_rl_job(s->runtime(), s->cluster(), small_job("checkpoint_every = 3\n", 3, on_device), first));
+  auto again = first;
+  again.resume = true;
+  REQUIRE(controller::run_rl_job(s->runtime(), s->cluster(), small_job("checkpoint_every = 3\n", 6, on_device), again));
+  auto c = events(part.path / "metrics.jsonl", "step");
+  REQUIRE(c.size() == 6);
+  check_same_steps(a, c, 3, 6);
+}
+
 TEST_CASE("rl job: several updates a step (epochs x mini-batches) take that many optimizer steps, and the later "
           "ones are clipped against the sampling policy",
           "[rl][job]") {
@@ -502,10 +554,14 @@ TEST_CASE("rl job: ZeRO-1 without shard_backup: kill -9 of a trainer rank goes b
 
 TEST_CASE("rl job: kill -9 of a rollout engine and of trainer ranks mid-run: the run finishes and learns",
           "[rl][job][learning]") {
+  // On the CPU model, and on the device path's code (trainer.device "host":
+  // a rank's state resident in its device model, copied in from a survivor).
+  const std::string device = GENERATE(as<std::string>{}, "", "\ndevice = \"host\"");
+  INFO("trainer" << device);
   TempDir dir;
   auto s = session();
   // The main example on separate meshes of 2 trainer ranks and 2 engines.
-  const std::string text = main_example_on_two(true, "");
+  const std::string text = main_example_on_two(true, device);
   controller::JobOptions options = quiet_options(dir.path);
   std::vector<std::string> killed;
   std::vector<uint64_t> checksums_after;

@@ -47,6 +47,21 @@ class CudaDeviceModel final : public DeviceModel {
     if (Status s = gpt_.backward(dlosses); !s.ok()) return s;
     return gpt_.download_grads(grads);
   }
+  Status download_params(float* host) override { return gpt_.download_params(host); }
+  Status zero_grad() override { return gpt_.zero_grad(); }
+  Status accumulate_grads(const float* dlosses) override { return gpt_.backward(dlosses); }
+  Result<float*> device_grads() override {
+    // The collective runs on a stream of its own (NCCL's): the backward
+    // enqueued on the model's must be done first.
+    if (Status s = gpt_.synchronize(); !s.ok()) return error(s);
+    return gpt_.device_grads();
+  }
+  Result<double> adamw_step(const AdamWConfig& config) override { return gpt_.adamw_step(config); }
+  size_t adamw_steps() const override { return gpt_.adamw_steps(); }
+  Status download_adamw_state(float* m, float* v) override { return gpt_.download_adamw_state(m, v); }
+  Status restore_adamw_state(const float* m, const float* v, size_t steps) override {
+    return gpt_.restore_adamw_state(m, v, steps);
+  }
 
  private:
   GptCuda gpt_;
