@@ -87,6 +87,11 @@ std::unique_ptr<model::DeviceModel> TrainerRank::make_device(size_t rank) const 
   return std::move(*dev);
 }
 
+size_t TrainerRank::optimizer_floats() const {
+  // Without copying a resident device's moments out: the optimizer's range.
+  return shard_ ? shard_->end - shard_->begin : trainer_->layout().total();
+}
+
 model::DeviceKind TrainerRank::device_kind() const {
   return config_.trainer.device == config::TrainerConfig::Device::host ? model::DeviceKind::host
                                                                        : model::DeviceKind::cuda;
@@ -417,6 +422,7 @@ Status TrainerRank::reference_logprobs(const train::TrainBatch& batch) {
                                                                      .precision = config_.trainer.precision});
       if (!dev) return Status(dev.error().code(), "trainer: the reference policy's device model: " + dev.error().message());
       reference_device_ = std::move(*dev);
+      reference_on_device_ = false;  // a new device model (the rank moved to its own GPU) holds nothing yet
     }
     // Again whenever reference_ changed (a resume, a copied state).
     if (!reference_on_device_) {
@@ -532,7 +538,7 @@ Deferred<uint64_t> TrainerRank::handle(const ImportTrainerState& m) {
 TrainerInfo TrainerRank::handle(const GetTrainerInfo&) {
   const auto& gpt = trainer_->model();
   TrainerInfo info{static_cast<int64_t>(::getpid()), tasks::fnv1a(gpt.params(), gpt.layout().total() * sizeof(float)),
-                   trainer_->optimizer().steps(), rl_phase_, trainer_->optimizer().m().size(),
+                   trainer_->optimizer_steps(), rl_phase_, optimizer_floats(),
                    device_ ? device_->describe() : "cpu", {}, {}};
   for (const ShardCopy& c : snaps_) {
     if (c.meta) info.snapshots.push_back({c.meta->optimizer_steps, c.meta->rl_phase});

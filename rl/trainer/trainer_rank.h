@@ -335,6 +335,8 @@ class TrainerRank : public Actor<TrainerRank, JoinTrainerGroup, TrainStep, Score
   // (Re)makes the trainer of `weights` with `optim`, this rank's shard
   // and device.
   void make_trainer(model::Gpt<float> weights, const model::AdamWConfig& optim);
+  // Floats in each of the optimizer's moments (TrainerInfo::optimizer_floats).
+  size_t optimizer_floats() const;
   // The kind of device model trainer.device asks for (not "cpu").
   model::DeviceKind device_kind() const;
   // The device model for this rank (trainer.device "cuda" or "host"; null on the CPU).

@@ -79,17 +79,22 @@ void check_same_policy_steps(train::PolicyTrainer& cpu, train::PolicyTrainer& on
   }
 }
 
+// A CPU trainer, and a counted host-kind device model for the other.
+struct Pair {
+  model::GptConfig c = tiny();
+  train::TrainBatch batch = policy_batch(c);
+  model::PolicyLossConfig loss;  // no KL penalty
+  train::PolicyTrainer cpu{seeded(c), optim()};
+  CountingDevice dev{model::make_device_model(c, {.kind = model::DeviceKind::host}).value()};
+};
+
 }  // namespace
 
 TEST_CASE("policy trainer: offloaded to a device model (a ZeRO-1 range) it takes the CPU model's steps, bit for "
           "bit, re-uploading the host's weights each step",
           "[rl][train]") {
-  const auto c = tiny();
-  const auto batch = policy_batch(c);
-  model::PolicyLossConfig loss;
-  loss.kl_coef = 0;
-  train::PolicyTrainer cpu(seeded(c), optim());
-  CountingDevice dev(model::make_device_model(c, {.kind = model::DeviceKind::host}).value());
+  Pair p;
+  auto& [c, batch, loss, cpu, dev] = p;
   const size_t n = cpu.layout().total();
   train::PolicyTrainer on_device(seeded(c), optim(), model::ParamRange{0, n}, &dev);
   CHECK_FALSE(on_device.resident());
@@ -115,12 +120,8 @@ TEST_CASE("policy trainer: offloaded to a device model (a ZeRO-1 range) it takes
 TEST_CASE("policy trainer: resident on a device model it takes the CPU model's steps bit for bit, and only the "
           "losses cross per step",
           "[rl][train]") {
-  const auto c = tiny();
-  const auto batch = policy_batch(c);
-  model::PolicyLossConfig loss;
-  loss.kl_coef = 0;
-  train::PolicyTrainer cpu(seeded(c), optim());
-  CountingDevice dev(model::make_device_model(c, {.kind = model::DeviceKind::host}).value());
+  Pair p;
+  auto& [c, batch, loss, cpu, dev] = p;
   train::PolicyTrainer on_device(seeded(c), optim(), std::nullopt, &dev);
   REQUIRE(on_device.resident());
   const size_t n = cpu.layout().total();
