@@ -5,6 +5,10 @@
 //   copy, then the switch), for the main job's model and for a ~1 GiB
 //   model, against a plain remote-buffer read of the same bytes from a
 //   third process (the raw remote-buffer bandwidth). Target >= 80%.
+//   And to 4 engines at once: each reading the whole buffer (the default,
+//   rollout.weight_sync = "rma") against a broadcast from the trainer over
+//   one collective group with the engines ("broadcast"), with one raw read
+//   of the same bytes beside them.
 // - rollout tokens/s of one engine fed through the mesh (prompt groups of
 //   8, 8 in flight, continuous batching) against model::generate on the
 //   same model and prompts in one process (the model benchmark's path).
@@ -20,7 +24,7 @@
 //   same step offloaded (parameters in, gradients out, the host's AdamW),
 //   with those copies alone as the floor.
 //
-// Usage: troupe_bench_rl_job [--quick] [--transport tcp|ucx] [--only sync|zero1|rollout|job|gpu]
+// Usage: troupe_bench_rl_job [--quick] [--transport tcp|ucx] [--only sync|fanout|zero1|rollout|job|gpu]
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -140,6 +144,68 @@ void weight_sync(Session& s, const std::string& name, const std::string& text, i
   emit("rl_weight_sync", name + " sync bandwidth", bytes / sync / 1e9, "GB/s", "memcpy of the same bytes",
        bytes / bench::quantile(memcpy_s, 0) / 1e9, "report");
   for (auto& p : procs) (void)p.stop();
+}
+
+// Weight sync to `engines` engines at once, each in its own process: by
+// one-sided reads (each engine reads the whole published buffer, as the job
+// does with rollout.weight_sync = "rma") and by broadcast (trainer rank 0
+// the root of one collective group with the engines, "broadcast"), against
+// one raw remote-buffer read of the same bytes. Best of `reps` each.
+void weight_sync_fanout(Session& s, const std::string& name, const std::string& text, size_t engines, int reps) {
+  const auto minutes = std::chrono::minutes(5);
+  std::vector<ProcMesh> procs;
+  // A trainer of each setting: they publish into different memory (see
+  // TrainerRank::published_memory_).
+  auto reader = one_process_mesh<trainer::TrainerRank>(s.cluster(), text, procs);
+  auto trainer = one_process_mesh<trainer::TrainerRank>(
+      s.cluster(), text + "weight_sync = \"broadcast\"\n[run]\nplacement = \"disaggregated\"\n", procs);
+  PlacementGroupSpec spec;
+  spec.bundles.assign(engines, Bundle{{{"CPU", 1}}});
+  auto pg = s.cluster().create_placement_group(spec).value();
+  procs.push_back(ProcMesh::create(s.cluster(), Shape::make({{"engines", engines}}).value(), pg).value());
+  auto mesh = procs.back().spawn<rollout::RolloutEngine>({}, text).value();
+  auto groups = make_group({trainer.group_ranks(), mesh.group_ranks()}, GroupOptions{.timeout = minutes}).value();
+  (void)trainer.member(0).ask(trainer::JoinWeightSyncGroup{groups[0]}).get().value();
+  for (size_t e = 0; e < engines; ++e) (void)mesh.member(e).ask(trainer::JoinWeightSyncGroup{groups[e + 1]}).get().value();
+  auto pub = reader.member(0).ask(trainer::PublishWeights{1}, minutes).get().value();
+  const double bytes = static_cast<double>(pub.floats * sizeof(float));
+  std::vector<float> local(pub.floats);
+  std::vector<double> reads_s, broadcast_s, raw_s;
+  for (int i = 0; i < reps; ++i) {
+    auto t0 = Clock::now();
+    auto all = mesh.call(rollout::SyncWeights{pub}, minutes);
+    if (!all.ok()) {
+      std::fprintf(stderr, "sync by reads failed: %s\n", all.errors()[0].second.message().c_str());
+      return;
+    }
+    reads_s.push_back(bench::seconds_since(t0));
+    t0 = Clock::now();
+    auto root = trainer.member(0).ask(trainer::BroadcastWeights{2 + static_cast<uint64_t>(i), groups[0].id}, minutes);
+    auto got = mesh.call(rollout::ReceiveWeights{2 + static_cast<uint64_t>(i), groups[0].id}, minutes);
+    auto sent = root.get();
+    if (!got.ok() || !sent || !sent->failed.empty()) {
+      std::fprintf(stderr, "broadcast failed: %s\n",
+                   !got.ok() ? got.errors()[0].second.message().c_str()
+                             : (sent ? sent->failed.c_str() : sent.error().message().c_str()));
+      return;
+    }
+    broadcast_s.push_back(bench::seconds_since(t0));
+    t0 = Clock::now();
+    if (!pub.buffer.read_into(local.data(), static_cast<size_t>(bytes), 0, minutes).get()) return;
+    raw_s.push_back(bench::seconds_since(t0));
+  }
+  const double reads = bench::quantile(reads_s, 0), bcast = bench::quantile(broadcast_s, 0),
+               raw = bench::quantile(raw_s, 0);
+  const std::string what = name + ", " + std::to_string(engines) + " engines";
+  emit("rl_weight_sync_fanout", what + " by reads: sync seconds", reads, "s", "one raw remote-buffer read", raw,
+       "report");
+  emit("rl_weight_sync_fanout", what + " by broadcast: sync seconds", bcast, "s", "one raw remote-buffer read", raw,
+       "report");
+  emit("rl_weight_sync_fanout", what + " by broadcast: bytes delivered per second", engines * bytes / bcast / 1e9,
+       "GB/s", "the same by reads", engines * bytes / reads / 1e9, "report");
+  (void)release_group({trainer.group_ranks(), mesh.group_ranks()}, groups[0]);
+  for (auto& p : procs) (void)p.stop();
+  (void)s.cluster().remove_placement_group(pg);
 }
 
 // Train steps on a 2-rank trainer mesh: the same supervised batches with
@@ -448,6 +514,11 @@ int main(int argc, char** argv) {
     } else {
       weight_sync(s, "1 GiB model", model_config(16, 1152, 16), 7);
     }
+  }
+  // The same to several engines: by reads, and by broadcast.
+  if (part("sync") || part("fanout")) {
+    weight_sync_fanout(s, "main job model", model_config(2, 64, 4), 4, quick ? 5 : 20);
+    weight_sync_fanout(s, "64 MiB model", model_config(4, 576, 8), 4, quick ? 3 : 7);
   }
   if (part("zero1")) zero1(s, quick);
   if (part("rollout")) rollout_throughput(s, model_config(2, 64, 4), quick ? 64 : 512);

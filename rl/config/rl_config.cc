@@ -26,6 +26,7 @@ using Choices = std::vector<std::pair<std::string_view, E>>;
 const Choices<Mode> kModes = {{"sync", Mode::sync}, {"async", Mode::async}};
 const Choices<Placement> kPlacements = {{"colocated", Placement::colocated},
                                         {"disaggregated", Placement::disaggregated}};
+const Choices<WeightSync> kWeightSyncs = {{"rma", WeightSync::rma}, {"broadcast", WeightSync::broadcast}};
 const Choices<Algorithm> kAlgorithms = {{"grpo", Algorithm::grpo}, {"rloo", Algorithm::rloo}, {"ppo", Algorithm::ppo}};
 const Choices<TaskKind> kTasks = {
     {"arithmetic", TaskKind::arithmetic}, {"code", TaskKind::code}, {"running_sum", TaskKind::running_sum}};
@@ -277,6 +278,10 @@ Status RlConfig::validate() const {
   if (run.mode == Mode::async && run.placement == Placement::colocated) {
     return bad(source, "'run.mode' \"async\" needs 'run.placement' \"disaggregated\" (colocated meshes take turns)");
   }
+  if (rollout.weight_sync == WeightSync::broadcast && run.placement == Placement::colocated) {
+    return bad(source, "'rollout.weight_sync' \"broadcast\" needs 'run.placement' \"disaggregated\" (colocated, each "
+                       "engine reads the weights by one-sided reads: use \"rma\")");
+  }
   if (run.placement == Placement::colocated && rollout.engines != trainer.ranks) {
     return bad(source, "'rollout.engines' (" + std::to_string(rollout.engines) + ") must equal 'trainer.ranks' (" +
                            std::to_string(trainer.ranks) +
@@ -419,6 +424,7 @@ Result<RlConfig> parse_rl_config(std::string_view text, std::string_view source_
     // Larger single reads stall a worker's transport past its heartbeats (see docs/rl.md).
     r.count("sync_bucket_bytes", o.sync_bucket_bytes, 4096, size_t{64} << 20);
     r.count("sync_reads_in_flight", o.sync_reads_in_flight, 1, 64);
+    r.choice("weight_sync", o.weight_sync, kWeightSyncs);
     r.finish();
   }
   {
@@ -536,7 +542,8 @@ std::string rl_config_json(const RlConfig& c) {
                   {"precision", name_of(kPrecisions, c.rollout.precision)},
                   {"gpus_per_engine", c.rollout.gpus_per_engine},
                   {"sync_bucket_bytes", c.rollout.sync_bucket_bytes},
-                  {"sync_reads_in_flight", c.rollout.sync_reads_in_flight}};
+                  {"sync_reads_in_flight", c.rollout.sync_reads_in_flight},
+                  {"weight_sync", name_of(kWeightSyncs, c.rollout.weight_sync)}};
   j["reward"] = {{"workers", c.reward.workers}, {"sandboxes", c.reward.sandboxes}};
   return j.dump();
 }

@@ -147,6 +147,18 @@ struct AlgorithmConfig {
 /// allreduce on its gradients) where there is no GPU.
 enum class Device : uint8_t { cpu, cuda, host };
 
+/// How new weights go from the trainer to the rollout engines.
+enum class WeightSync : uint8_t {
+  /// Each engine reads trainer rank 0's published buffer with one-sided
+  /// reads, in buckets (the trainer's side does nothing).
+  rma,
+  /// Trainer rank 0 broadcasts the published buffer over a collective group
+  /// of it and every engine (a tree: the root sends log2(engines + 1)
+  /// times, not once per engine); an engine that misses it is synced by
+  /// reads, and the group is made again once every engine is back.
+  broadcast,
+};
+
 /// [trainer]: the data-parallel trainer mesh.
 struct TrainerConfig {
   size_t ranks = 1;
@@ -210,6 +222,9 @@ struct RolloutConfig {
   /// many reads in flight per engine.
   size_t sync_bucket_bytes = 4u << 20;
   size_t sync_reads_in_flight = 4;
+  /// How the weights get to the engines (needs 'run.placement'
+  /// "disaggregated" for broadcast).
+  WeightSync weight_sync = WeightSync::rma;
 };
 
 /// [reward]: the reward workers.

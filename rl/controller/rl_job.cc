@@ -372,6 +372,20 @@ class Job {
   // Every rank's TrainerInfo (the asks wait for restarting ranks).
   Result<std::vector<trainer::TrainerInfo>> trainer_infos() const;
   Status publish_and_sync(uint64_t version, json& timing);
+  // rollout.weight_sync = "broadcast": publishes `version` and broadcasts
+  // it from trainer rank 0 to every engine over the weight-sync group;
+  // engines that miss it are synced by reads. Returns the engines' longest
+  // sync (0: none took it), and sets published_.
+  Result<double> broadcast_weights(uint64_t version);
+  // The weight-sync group (trainer rank 0 and every engine), made and
+  // joined; false when a member is between incarnations (reads this time).
+  bool make_sync_group();
+  // Releases the weight-sync group (a member failed): the collectives
+  // still waiting on it fail at once; made again at the next sync.
+  void drop_sync_group();
+  // Syncs engine `e` by reads of published_ at once: true when done, else
+  // it is left for resync_.
+  bool read_sync(size_t e, const std::string& why);
   Status sync_engine(size_t engine);
   // The published weights' rank 0 is the one that published them; after
   // it restarted, every rank takes the job's state and rank 0 publishes the
@@ -422,6 +436,9 @@ class Job {
   std::unique_ptr<env::Environment> env_ = env::make_environment(c_);
   // Engines to sync again once they are back (they restarted).
   std::set<size_t> resync_;
+  // rollout.weight_sync = "broadcast": each member's handle on the
+  // weight-sync group (trainer rank 0's first); empty when not made.
+  std::vector<CollectiveGroup> sync_group_;
   // Whether the ranks are past the warm-up.
   bool rl_phase_ = false;
   // The ranks' optimizer steps in the current phase (each TrainStep says
@@ -834,8 +851,114 @@ Status Job::sync_engine(size_t e) {
   }
 }
 
+std::vector<GroupRanks> sync_group_parts(const Meshes& m) {
+  return {m.trainers->range("ranks", 0, 1).value().group_ranks(), m.engines->group_ranks()};
+}
+
+bool Job::make_sync_group() {
+  const auto start = Clock::now();
+  auto groups = make_group(sync_group_parts(meshes_), GroupOptions{.timeout = timeout_});
+  if (!groups) {
+    log({{"event", "weight_sync_group"}, {"step", step_.load()}, {"made", false},
+         {"why", groups.error().message()}, {"action", "the engines read the weights this time"}});
+    return false;
+  }
+  std::vector<Future<void>> joined;
+  joined.push_back(meshes_.trainers->member(0).ask(trainer::JoinWeightSyncGroup{(*groups)[0]}, timeout_));
+  for (size_t e = 0; e < meshes_.engines->size(); ++e) {
+    joined.push_back(meshes_.engines->member(e).ask(trainer::JoinWeightSyncGroup{(*groups)[e + 1]}, timeout_));
+  }
+  sync_group_ = std::move(*groups);
+  for (auto& f : joined) {
+    if (auto r = f.get(); !r) {
+      log({{"event", "weight_sync_group"}, {"step", step_.load()}, {"made", false},
+           {"why", "a member did not join: " + r.error().message()}, {"action", "the engines read the weights this time"}});
+      drop_sync_group();
+      return false;
+    }
+  }
+  log({{"event", "weight_sync_group"}, {"step", step_.load()}, {"made", true}, {"ranks", sync_group_.size()},
+       {"cost_s", seconds_since(start)}});
+  return true;
+}
+
+void Job::drop_sync_group() {
+  if (sync_group_.empty()) return;
+  (void)release_group(sync_group_parts(meshes_), sync_group_[0]);
+  sync_group_.clear();
+}
+
+bool Job::read_sync(size_t e, const std::string& why) {
+  const auto start = Clock::now();
+  auto r = meshes_.engines->member(e).ask(rollout::SyncWeights{*published_}, timeout_).get();
+  if (!r) {
+    // It restarts (its failure comes to the inbox) and is synced once back.
+    resync_.insert(e);
+    fault("rollout engine " + std::to_string(e) + " failed a weight sync: " + why + "; then by reads: " +
+              r.error().message(),
+          "the others synced; it is synced again when it is back", 0);
+    return false;
+  }
+  fault("rollout engine " + std::to_string(e) + " missed the weight broadcast of version " +
+            std::to_string(published_->version) + ": " + why,
+        "synced by one-sided reads; the weight-sync group is made again", seconds_since(start));
+  return true;
+}
+
+Result<double> Job::broadcast_weights(uint64_t version) {
+  const size_t E = meshes_.engines->size();
+  const std::string id = sync_group_[0].id;
+  auto root = meshes_.trainers->member(0).ask(trainer::BroadcastWeights{version, id}, timeout_);
+  // Past the group's deadline (timeout_), every member's broadcast has
+  // failed: the stream's own bound only catches a member that never answers.
+  auto engines = meshes_.engines->stream(rollout::ReceiveWeights{version, id}, timeout_ + std::chrono::seconds(10));
+  auto b = root.get();
+  // The engines wait on the root: once it has failed, release the group so
+  // that they fail at once rather than at the group's deadline.
+  if (!b || !b->failed.empty()) drop_sync_group();
+  if (!b) {
+    // Rank 0 was lost after the step: once it is back with a survivor's
+    // state (the step's result), publish again; the engines read it.
+    const auto lost = Clock::now();
+    while (engines.next()) {
+    }
+    if (Status s = recover_trainers({}); !s.ok()) {
+      return error(b.error().code(), "publishing weights: " + b.error().message() + "; " + s.message());
+    }
+    fault("trainer rank 0 failed to broadcast version " + std::to_string(version) + ": " + b.error().message(),
+          "every rank took a survivor's state; published again, the engines read it", seconds_since(lost));
+    auto pub = meshes_.trainers->member(0).ask(trainer::PublishWeights{version}, timeout_).get();
+    if (!pub) return error(pub.error().code(), "publishing weights: " + pub.error().message());
+    published_ = *pub;
+    for (size_t e = 0; e < E; ++e) (void)read_sync(e, "trainer rank 0 was lost");
+    return 0.0;
+  }
+  published_ = b->published;
+  double engine_s = 0;
+  std::vector<std::pair<size_t, std::string>> missed;
+  while (auto reply = engines.next()) {
+    if (reply->second) {
+      engine_s = std::max(engine_s, reply->second->seconds);
+      continue;
+    }
+    if (missed.empty()) drop_sync_group();  // the others stop waiting for this one
+    missed.emplace_back(reply->first, reply->second.error().message());
+  }
+  for (const auto& [e, why] : missed) (void)read_sync(e, why);
+  return engine_s;
+}
+
 Status Job::publish_and_sync(uint64_t version, json& timing) {
   const auto start = Clock::now();
+  if (c_.rollout.weight_sync == config::WeightSync::broadcast && (!sync_group_.empty() || make_sync_group())) {
+    auto engine_s = broadcast_weights(version);
+    if (!engine_s) return engine_s.error();
+    const double bytes = static_cast<double>(published_->floats * sizeof(float));
+    timing["sync"] = seconds_since(start);
+    timing["sync_gbps"] = *engine_s > 0 ? bytes / *engine_s / 1e9 : 0;
+    queue_->publish(version);
+    return {};
+  }
   auto pub = meshes_.trainers->member(0).ask(trainer::PublishWeights{version}, timeout_).get();
   if (!pub) {
     // Rank 0 was lost after the step: once it is back with a survivor's
@@ -901,6 +1024,9 @@ Status Job::handle_faults() {
     std::string what = e.mesh + " member " + std::to_string(f.rank) + " failed: " + f.reason;
     if (!f.restarting) return Status(ErrorCode::peer_lost, what + "; it is not restarting");
     if (e.mesh == "rollout") resync_.insert(f.rank);
+    // A member of the weight-sync group went with its process: the group
+    // is broken; a new one is made at the next sync.
+    if (e.mesh == "rollout" || (e.mesh == "trainer" && f.rank == 0)) drop_sync_group();
     const char* action = e.mesh == "rollout"   ? "its groups requeued; it restarts and is synced again"
                          : e.mesh == "trainer" ? "it restarts; the step takes a survivor's state"
                                                : "its groups scored elsewhere or requeued; it restarts";

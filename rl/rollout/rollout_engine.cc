@@ -216,6 +216,39 @@ Deferred<SyncReport> RolloutEngine::handle(const SyncWeights& m) {
   return reply;
 }
 
+void RolloutEngine::handle(const trainer::JoinWeightSyncGroup& m) { sync_group_ = m.group; }
+
+Deferred<SyncReport> RolloutEngine::handle(const ReceiveWeights& m) {
+  auto reply = defer<SyncReport>();
+  const size_t n = active_->layout().total();
+  const std::string what = "rollout engine: weight broadcast of version " + std::to_string(m.version);
+  if (!sync_group_ || sync_group_->id != m.group) {
+    reply.fail(Status(ErrorCode::not_found, what + ": not in weight-sync group " + m.group +
+                                                " (it restarted since the group was made?); sync it by reads"));
+    return reply;
+  }
+  if (syncing_) {
+    reply.fail(Status(ErrorCode::already_exists, what + ": a weight sync is already in progress; wait for it"));
+    return reply;
+  }
+  syncing_ = true;
+  const auto start = Clock::now();
+  // The standby copy is the engine's alone until the switch: the decode
+  // steps in between read the active one. A failed broadcast leaves the
+  // standby half written, which the next sync writes over whole.
+  Collective c{sync_group_->id, sync_group_->rank, standby_->params(), n, DType::float32, ReduceOp::sum,
+               CollectiveKind::broadcast, /*root=*/0};
+  ask<void>(sync_group_->engine(self()), c, std::chrono::milliseconds(sync_group_->timeout_ms) + std::chrono::seconds(5))
+      .then([this, reply, what, version = m.version, n, start](Result<void> r) mutable {
+        syncing_ = false;
+        if (!r) return reply.fail(Status(r.error().code(), what + " failed: " + r.error().message()));
+        const uint32_t interrupted = static_cast<uint32_t>(live_.size());
+        if (Status s = switch_weights(version); !s.ok()) return reply.fail(Status(s.code(), what + " failed: " + s.message()));
+        reply.complete(SyncReport{version, n * sizeof(float), seconds_since(start), interrupted});
+      });
+  return reply;
+}
+
 void RolloutEngine::pump(const std::shared_ptr<SyncState>& st) {
   const size_t bucket = config_.rollout.sync_bucket_bytes;
   while (st->failed.ok() && st->in_flight < config_.rollout.sync_reads_in_flight && st->next_offset < st->total_bytes) {

@@ -89,6 +89,20 @@ struct SyncWeights {
   TROUPE_MESSAGE_NAMED(SyncWeights, "troupe.rl.SyncWeights", weights);
 };
 
+/// rollout.weight_sync = "broadcast": takes new weights as `version` from
+/// the weight-sync group's broadcast (trainer::JoinWeightSyncGroup; trainer
+/// rank 0 sends them with BroadcastWeights) into the standby copy, while
+/// the engine keeps decoding with the other, then switches as SyncWeights
+/// does. Errors, with the engine's weights unchanged: not in that group (it
+/// restarted since), a sync in progress, the broadcast failed (an engine or
+/// the trainer gone, the group's deadline, a root with another model's
+/// size: the group's ranks disagree).
+struct ReceiveWeights {
+  uint64_t version = 0;
+  std::string group;
+  TROUPE_MESSAGE_NAMED(ReceiveWeights, "troupe.rl.ReceiveWeights", version, group);
+};
+
 /// What a sync did.
 struct SyncReport {
   uint64_t version = 0;
@@ -125,13 +139,16 @@ struct EngineTick {
 };
 
 /// The actor.
-class RolloutEngine : public Actor<RolloutEngine, Generate, SyncWeights, GetEngineReport, EngineTick> {
+class RolloutEngine : public Actor<RolloutEngine, Generate, SyncWeights, trainer::JoinWeightSyncGroup, ReceiveWeights,
+                                   GetEngineReport, EngineTick> {
  public:
   /// An engine of the job configured by `config_toml` (rl_config.h).
   explicit RolloutEngine(std::string config_toml);
 
   Deferred<std::vector<GroupSamples>> handle(const Generate& m);
   Deferred<SyncReport> handle(const SyncWeights& m);
+  void handle(const trainer::JoinWeightSyncGroup& m);
+  Deferred<SyncReport> handle(const ReceiveWeights& m);
   EngineReport handle(const GetEngineReport& m);
   void handle(const EngineTick& m);
 
@@ -175,6 +192,8 @@ class RolloutEngine : public Actor<RolloutEngine, Generate, SyncWeights, GetEngi
   std::vector<uint32_t> free_slots_;
   bool tick_scheduled_ = false;
   bool syncing_ = false;
+  // rollout.weight_sync = "broadcast": the group the weights come over.
+  std::optional<CollectiveGroup> sync_group_;
   // Scratch of a step (kept: no allocation per decode step).
   std::vector<model::DecodeRow> rows_;
   std::vector<size_t> last_row_;

@@ -318,7 +318,14 @@ void TrainerRank::sharded_step(Deferred<RankStepStats> reply, RankStepStats out,
 
 PublishedWeights TrainerRank::handle(const PublishWeights& m) {
   const size_t n = trainer_->layout().policy_count();
-  if (!published_.handle()) {
+  if (!published_.handle() && config_.rollout.weight_sync == config::WeightSync::broadcast) {
+    auto memory = CollectiveBuffer::allocate(n * sizeof(float));
+    if (!memory) fail("trainer: cannot allocate the published weights: " + memory.error().message());
+    auto reg = register_buffer(memory->data(), n * sizeof(float));
+    if (!reg) fail("trainer: cannot register the published weights: " + reg.error().message());
+    published_memory_ = std::move(*memory);
+    published_ = std::move(*reg);
+  } else if (!published_.handle()) {
     auto reg = allocate_buffer(n * sizeof(float));
     if (!reg) fail("trainer: cannot register the published weights: " + reg.error().message());
     published_ = std::move(*reg);
@@ -328,6 +335,32 @@ PublishedWeights TrainerRank::handle(const PublishWeights& m) {
     fail("trainer: cannot copy the weights to publish: " + s.message());
   }
   return {published_.handle(), m.version, n, static_cast<int64_t>(::getpid())};
+}
+
+void TrainerRank::handle(const JoinWeightSyncGroup& m) { sync_group_ = m.group; }
+
+Deferred<WeightsBroadcast> TrainerRank::handle(const BroadcastWeights& m) {
+  auto reply = defer<WeightsBroadcast>();
+  WeightsBroadcast out;
+  out.published = handle(PublishWeights{m.version});
+  if (!sync_group_ || sync_group_->id != m.group) {
+    out.failed = "trainer: not in weight-sync group " + m.group + " (it restarted since the group was made?)";
+    reply.complete(std::move(out));
+    return reply;
+  }
+  const auto start = Clock::now();
+  // The published buffer is not written again before the next
+  // PublishWeights or BroadcastWeights, which the driver sends once this
+  // one is answered.
+  Collective c{sync_group_->id, sync_group_->rank, published_.data(), out.published.floats, DType::float32,
+               ReduceOp::sum, CollectiveKind::broadcast, /*root=*/0};
+  ask<void>(sync_group_->engine(self()), c, std::chrono::milliseconds(sync_group_->timeout_ms) + std::chrono::seconds(5))
+      .then([reply, out, start](Result<void> r) mutable {
+        out.seconds = seconds_since(start);
+        if (!r) out.failed = "trainer rank 0: weight broadcast failed: " + r.error().message();
+        reply.complete(std::move(out));
+      });
+  return reply;
 }
 
 void TrainerRank::handle(const StartRlPhase&) {

@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include <troupe/collective_buffer.h>
 #include <troupe/collective_group.h>
 #include <troupe/remote_buffer.h>
 #include <troupe/troupe.h>
@@ -146,6 +147,37 @@ struct PublishWeights {
   TROUPE_MESSAGE_NAMED(PublishWeights, "troupe.rl.PublishWeights", version);
 };
 
+/// rollout.weight_sync = "broadcast": makes trainer rank 0 (as rank 0) or
+/// a rollout engine a member of the weight-sync group (trainer rank 0 and
+/// every engine, troupe::make_group across the two meshes), in place of
+/// any group before.
+struct JoinWeightSyncGroup {
+  CollectiveGroup group;
+  TROUPE_MESSAGE_NAMED(JoinWeightSyncGroup, "troupe.rl.JoinWeightSyncGroup", group);
+};
+
+/// Publishes the parameters as `version` (what PublishWeights does), then
+/// broadcasts the published buffer over the weight-sync group `group` (of
+/// which this rank is rank 0, the root): each engine takes it with
+/// rollout::ReceiveWeights.
+struct BroadcastWeights {
+  uint64_t version = 0;
+  std::string group;
+  TROUPE_MESSAGE_NAMED(BroadcastWeights, "troupe.rl.BroadcastWeights", version, group);
+};
+
+/// What a BroadcastWeights did: the weights are published either way (for
+/// one-sided reads, the fallback), and the broadcast either done on this
+/// rank or failed (`failed` says why: an engine gone, the deadline, not in
+/// that group).
+struct WeightsBroadcast {
+  PublishedWeights published;
+  std::string failed;
+  /// The broadcast's time on this rank.
+  double seconds = 0;
+  TROUPE_FIELDS(published, failed, seconds);
+};
+
 /// Ends the warm-up: the current weights become the reference policy of
 /// the KL penalty, and the RL phase's optimizer starts afresh.
 struct StartRlPhase {
@@ -269,7 +301,7 @@ struct GetTrainerInfo {
 class TrainerRank : public Actor<TrainerRank, JoinTrainerGroup, TrainStep, ScoreValues, PublishWeights, StartRlPhase,
                                  SaveTrainerState, LoadTrainerState, ExportTrainerState, ImportTrainerState,
                                  GetTrainerInfo, SnapshotShard, BackUpShard, ExportBackup, RestoreShard,
-                                 GatherParams> {
+                                 GatherParams, JoinWeightSyncGroup, BroadcastWeights> {
  public:
   /// A rank of the job configured by `config_toml` (rl_config.h); its
   /// weights are the config's init (random or a checkpoint; a warm-up is
@@ -280,6 +312,8 @@ class TrainerRank : public Actor<TrainerRank, JoinTrainerGroup, TrainStep, Score
   Deferred<RankStepStats> handle(const TrainStep& m);
   Result<std::vector<std::vector<float>>> handle(const ScoreValues& m);
   PublishedWeights handle(const PublishWeights& m);
+  void handle(const JoinWeightSyncGroup& m);
+  Deferred<WeightsBroadcast> handle(const BroadcastWeights& m);
   void handle(const StartRlPhase& m);
   Deferred<void> handle(const SaveTrainerState& m);
   Deferred<std::vector<std::pair<std::string, std::string>>> handle(const LoadTrainerState& m);
@@ -303,7 +337,18 @@ class TrainerRank : public Actor<TrainerRank, JoinTrainerGroup, TrainStep, Score
   // reference_ changes).
   bool reference_on_device_ = false;
   std::optional<CollectiveGroup> group_;
+  // rollout.weight_sync = "broadcast" (rank 0): the group it broadcasts
+  // the published weights over.
+  std::optional<CollectiveGroup> sync_group_;
   // The published copy of the parameters, and the exported state.
+  // The published copy. rollout.weight_sync = "broadcast": in a
+  // CollectiveBuffer, which a broadcast's ranks on this host read in place
+  // (one copy each) instead of through the group's arena (two); "rma": in
+  // the transport's own memory (allocate_buffer), which its readers on
+  // this host map and copy from directly, while reads of memory registered
+  // in place go through the kernel (CMA: 3x slower with 4 readers at
+  // once). The memory outlives its registration (declared first).
+  CollectiveBuffer published_memory_;
   BufferRegistration published_;
   BufferRegistration exported_params_, exported_m_, exported_v_, exported_reference_;
   std::vector<float> ref_logprobs_;

@@ -27,6 +27,7 @@
 #include "model/adamw.h"
 #include "model/safetensors.h"
 #include "trainer/trainer_rank.h"
+#include "support/rl_session.h"
 #include "troupe/init.h"
 
 using namespace troupe::rl;
@@ -113,14 +114,7 @@ controller::JobOptions quiet_options(const fs::path& run_dir) {
   return o;
 }
 
-std::unique_ptr<troupe::Session> session() {
-  troupe::InitOptions options;
-  options.runtime.log_level = "error";
-  options.resources["CPU"] = 8;  // the job's processes share this machine's cores
-  auto s = troupe::init(options);
-  REQUIRE(s.has_value());
-  return std::move(*s);
-}
+std::unique_ptr<troupe::Session> session() { return troupe::test::rl_session(); }
 
 }  // namespace
 
@@ -358,6 +352,47 @@ TEST_CASE("rl job: trainer.device = host (the GPU path's code: state resident in
   check_same_steps(a, c, 3, 6);
 }
 
+TEST_CASE("rl job: rollout.weight_sync = broadcast takes the one-sided reads' steps bit for bit, every engine at the "
+          "trainer's weights after each step, over one weight-sync group made once",
+          "[rl][job][weight_sync]") {
+  TempDir by_reads, by_broadcast;
+  auto s = session();
+  const std::string run = "placement = \"disaggregated\"\n";
+  const std::string three = "[trainer]\nranks = 2\n[rollout]\nengines = 3\n";
+  controller::JobOptions quiet = quiet_options({});
+  auto reads = quiet;
+  reads.run_dir = by_reads.path.string();
+  REQUIRE(controller::run_rl_job(s->runtime(), s->cluster(), small_job(run, 5, three), reads));
+  auto bcast = quiet;
+  bcast.run_dir = by_broadcast.path.string();
+  size_t checked = 0;
+  bcast.after_step = [&](size_t, const controller::JobProbe& probe) {
+    auto trainers = probe.trainer_checksums();
+    auto engines = probe.engine_checksums();
+    REQUIRE(engines.size() == 3);
+    for (uint64_t e : engines) CHECK(e == trainers.at(0));
+    ++checked;
+  };
+  auto ran = controller::run_rl_job(s->runtime(), s->cluster(),
+                                    small_job(run, 5, three + "weight_sync = \"broadcast\"\n"), bcast);
+  INFO((ran ? std::string() : ran.error().message()));
+  REQUIRE(ran);
+  CHECK(checked == 5);
+  const auto metrics = by_broadcast.path / "metrics.jsonl";
+  // Made once, used for every sync; nothing fell back to reads.
+  auto made = events(metrics, "weight_sync_group");
+  REQUIRE(made.size() == 1);
+  CHECK(made[0]["made"] == true);
+  CHECK(made[0]["ranks"] == 4);
+  CHECK(events(metrics, "fault").empty());
+  auto a = events(by_reads.path / "metrics.jsonl", "step");
+  auto b = events(metrics, "step");
+  REQUIRE(a.size() == 5);
+  REQUIRE(b.size() == 5);
+  check_same_steps(a, b, 0, 5);
+  for (const auto& step : b) CHECK(step["sync_gbps"].get<double>() > 0);
+}
+
 TEST_CASE("rl job: several updates a step (epochs x mini-batches) take that many optimizer steps, and the later "
           "ones are clipped against the sampling policy",
           "[rl][job]") {
@@ -555,13 +590,17 @@ TEST_CASE("rl job: ZeRO-1 without shard_backup: kill -9 of a trainer rank goes b
 TEST_CASE("rl job: kill -9 of a rollout engine and of trainer ranks mid-run: the run finishes and learns",
           "[rl][job][learning]") {
   // On the CPU model, and on the device path's code (trainer.device "host":
-  // a rank's state resident in its device model, copied in from a survivor).
-  const std::string device = GENERATE(as<std::string>{}, "", "\ndevice = \"host\"");
-  INFO("trainer" << device);
+  // a rank's state resident in its device model, copied in from a survivor);
+  // and with the weights broadcast (the group broken by each kill, the
+  // engines synced by reads then, the group made again).
+  const auto [device, sync] = GENERATE(table<std::string, std::string>(
+      {{"", ""}, {"\ndevice = \"host\"", ""}, {"", "\nweight_sync = \"broadcast\""}}));
+  INFO("trainer" << device << ", rollout" << sync);
   TempDir dir;
   auto s = session();
   // The main example on separate meshes of 2 trainer ranks and 2 engines.
-  const std::string text = main_example_on_two(true, device);
+  std::string text = main_example_on_two(true, device);
+  text.replace(text.find("engines = 2"), 11, "engines = 2" + sync);
   controller::JobOptions options = quiet_options(dir.path);
   std::vector<std::string> killed;
   std::vector<uint64_t> checksums_after;
@@ -609,6 +648,13 @@ TEST_CASE("rl job: kill -9 of a rollout engine and of trainer ranks mid-run: the
   }
   CHECK(engine_back);
   CHECK(trainer_recoveries == 2);
+  if (!sync.empty()) {
+    // Made at the first sync, and again after each kill that broke it
+    // (engine 1, trainer rank 0; rank 1 is not in it).
+    size_t made = 0;
+    for (const auto& g : events(dir.path / "metrics.jsonl", "weight_sync_group")) made += g["made"] == true;
+    CHECK(made >= 3);
+  }
   // The replicas agree after the recovery, and every step was trained once.
   REQUIRE(checksums_after.size() == 2);
   CHECK(checksums_after[0] == checksums_after[1]);

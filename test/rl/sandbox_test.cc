@@ -93,12 +93,18 @@ std::string unique_host_path(const std::string& tag) {
 std::atomic<int> sigchld_count{0};
 void count_sigchld(int) { sigchld_count.fetch_add(1); }
 
-/// Host processes in the namespace `ns` of kind `kind` ("pid", "mnt").
-int processes_in_namespace(const std::string& kind, const std::string& ns) {
+/// Host processes in the namespace `ns` of kind `kind` ("pid", "mnt");
+/// with `marker`, only those that see that file at that path (under their
+/// root). The kernel reuses a freed namespace's number, so a sandbox started
+/// meanwhile by a test running beside this one may have it by now: a file
+/// only the asking test's sandbox wrote tells them apart.
+int processes_in_namespace(const std::string& kind, const std::string& ns, const std::string& marker = "") {
   int count = 0;
   for (const auto& entry : fs::directory_iterator("/proc")) {
     std::error_code ec;
-    if (fs::read_symlink(entry.path() / "ns" / kind, ec) == ns && !ec) ++count;
+    if (fs::read_symlink(entry.path() / "ns" / kind, ec) != ns || ec) continue;
+    if (!marker.empty() && !fs::exists(entry.path() / "root" / marker.substr(1), ec)) continue;
+    ++count;
   }
   return count;
 }
@@ -316,7 +322,7 @@ TEST_CASE("sandbox: the working directory is fresh for each run and gone afterwa
   CHECK(ns.rfind("mnt:[", 0) == 0);
   // No process is left in the sandbox's mount namespace, so it and its
   // tmpfs are gone; the host never had the file.
-  CHECK(processes_in_namespace("mnt", ns) == 0);
+  CHECK(processes_in_namespace("mnt", ns, "/tmp/work/left-behind.txt") == 0);
   CHECK_FALSE(fs::exists("/tmp/work/left-behind.txt"));
   auto second = run_python("import os\nprint(sorted(os.listdir('.')))\n");
   CHECK(second.out == "['main.py']\n");

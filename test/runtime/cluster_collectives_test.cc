@@ -250,11 +250,30 @@ std::map<std::string, size_t> members_per_host(const troupe::ActorMesh<Reducer>&
   return per_host;
 }
 
-/// Runs every kind of collective on `view` (its group given) for a few
-/// sizes, types and ops, checking every member's result; `registered`: the
-/// ranks whose buffers are CollectiveBuffers (RunAllReduce::registered).
-void check_every_kind(const troupe::ActorMesh<Reducer>& view, uint64_t registered = 0) {
-  auto n = static_cast<uint32_t>(view.size());
+/// The view's members, in view order.
+std::vector<troupe::ActorRef<Reducer>> members_of(const troupe::ActorMesh<Reducer>& view) {
+  std::vector<troupe::ActorRef<Reducer>> out;
+  for (size_t i = 0; i < view.size(); ++i) out.push_back(view.member(i));
+  return out;
+}
+
+/// Asks every rank (`ranks[r]` holds rank r's handle) to run `m` at once
+/// and waits for every answer.
+std::vector<troupe::Result<std::vector<double>>> run_on(const std::vector<troupe::ActorRef<Reducer>>& ranks,
+                                                         const RunAllReduce& m) {
+  std::vector<troupe::Future<std::vector<double>>> asked;
+  for (const auto& r : ranks) asked.push_back(r.ask(m, 60s));
+  std::vector<troupe::Result<std::vector<double>>> out;
+  for (auto& f : asked) out.push_back(f.get());
+  return out;
+}
+
+/// Runs every kind of collective on `ranks` (rank r's member first; their
+/// group given) for a few sizes, types and ops, checking every member's
+/// result; `registered`: the ranks whose buffers are CollectiveBuffers
+/// (RunAllReduce::registered).
+void check_every_kind(const std::vector<troupe::ActorRef<Reducer>>& ranks, uint64_t registered = 0) {
+  auto n = static_cast<uint32_t>(ranks.size());
   using troupe::CollectiveKind;
   struct Case {
     CollectiveKind kind;
@@ -278,12 +297,11 @@ void check_every_kind(const troupe::ActorMesh<Reducer>& view, uint64_t registere
                                          {CollectiveKind::barrier, 0, DType::float32, ReduceOp::sum}}) {
     INFO("kind " << static_cast<int>(k.kind) << ": count " << k.count << " dtype " << troupe::dtype_name(k.dtype)
                  << " op " << troupe::op_name(k.op) << " root " << k.root);
-    auto results = view.call(RunAllReduce{k.count, static_cast<uint8_t>(k.dtype), static_cast<uint8_t>(k.op),
-                                          static_cast<uint8_t>(k.kind), k.root, UINT32_MAX, 0, registered},
-                             60s);
-    INFO((results.ok() ? std::string("ok") : results.errors()[0].second.to_string()));
-    REQUIRE(results.ok());
+    auto results = run_on(ranks, RunAllReduce{k.count, static_cast<uint8_t>(k.dtype), static_cast<uint8_t>(k.op),
+                                              static_cast<uint8_t>(k.kind), k.root, UINT32_MAX, 0, registered});
     for (uint32_t r = 0; r < n; ++r) {
+      INFO("member " << r << ": " << (results[r] ? std::string("ok") : results[r].error().to_string()));
+      REQUIRE(results[r].has_value());
       const auto& got = *results[r];
       REQUIRE(got.size() == k.count);
       size_t wrong = 0;
@@ -303,10 +321,13 @@ void check_every_kind(const troupe::ActorMesh<Reducer>& view, uint64_t registere
           case CollectiveKind::barrier: break;
         }
       }
-      INFO("member " << r);
       CHECK(wrong == 0);
     }
   }
+}
+
+void check_every_kind(const troupe::ActorMesh<Reducer>& view, uint64_t registered = 0) {
+  check_every_kind(members_of(view), registered);
 }
 
 }  // namespace
@@ -572,6 +593,55 @@ TEST_CASE("collectives: a member's process killed during an allreduce fails it o
   size_t wrong = 0;
   for (size_t i = 0; i < 100'000; ++i) wrong += (*again[7])[i] != expected(DType::float32, ReduceOp::sum, 8, i);
   CHECK(wrong == 0);
+}
+
+TEST_CASE("collectives: a group across two meshes runs every kind over both whether their processes are apart or "
+          "one holds a rank of each, and a rank's process killed fails a broadcast on the other mesh's ranks",
+          "[cluster][collectives][cross_mesh]") {
+  // Rank 0 from one mesh (a trainer's rank 0, say), the rest from another
+  // mesh of the same processes (rollout engines): in processes 1-7, or in
+  // 0-4, where process 0 then holds two ranks.
+  const bool shared_process = GENERATE(false, true);
+  INFO((shared_process ? "process 0 holds a rank of each mesh" : "the meshes' ranks in processes apart"));
+  CollectiveCluster c;
+  auto other = c.procs.spawn<Reducer>({.max_restarts = -1}).value();
+  auto a = c.mesh.flatten("m").range("m", 0, 1).value();
+  auto b = other.flatten("m").range("m", shared_process ? 0 : 1, shared_process ? 5 : 8).value();
+  const std::vector<troupe::GroupRanks> parts{a.group_ranks(), b.group_ranks()};
+  auto groups = troupe::make_group(parts).value();
+  REQUIRE(groups.size() == a.size() + b.size());
+  auto ranks = members_of(a);
+  for (const auto& m : members_of(b)) ranks.push_back(m);
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    CHECK(groups[r].rank == r);
+    REQUIRE(ranks[r].ask(SetGroup{groups[r]}).get().has_value());
+  }
+  check_every_kind(ranks);
+
+  // A broadcast from rank 0 that the last rank never joins: its process is
+  // killed; the others, of both meshes, fail with the reason.
+  const size_t last = ranks.size() - 1;
+  int64_t victim = ranks[last].ask(MyPid{}).get().value();
+  std::vector<troupe::Future<std::vector<double>>> asked;
+  for (size_t r = 0; r < last; ++r) {
+    asked.push_back(ranks[r].ask(RunAllReduce{1'000'000, static_cast<uint8_t>(DType::float32),
+                                              static_cast<uint8_t>(ReduceOp::sum),
+                                              static_cast<uint8_t>(troupe::CollectiveKind::broadcast), 0},
+                                 60s));
+  }
+  REQUIRE(::kill(static_cast<pid_t>(victim), SIGKILL) == 0);
+  for (size_t r = 0; r < last; ++r) {
+    INFO("rank " << r);
+    auto got = asked[r].get();
+    REQUIRE_FALSE(got.has_value());
+    CHECK(got.error().code() == ErrorCode::peer_lost);
+    CHECK_THAT(got.error().message(), Catch::Contains("rank " + std::to_string(last)));
+  }
+  CHECK(troupe::release_group(parts, groups[0]).ok());
+  // Bad input: no ranks at all.
+  auto none = troupe::make_group(std::vector<troupe::GroupRanks>{});
+  REQUIRE_FALSE(none.has_value());
+  CHECK(none.error().code() == ErrorCode::invalid_argument);
 }
 
 TEST_CASE("collectives: ranks on one host go through the arena, or the ring's shared-memory slots, or messages, as "

@@ -194,13 +194,36 @@ struct MeshFailure {
   bool restarting = false;
 };
 
+/// Some of a mesh's members as ranks of a collective group
+/// (ActorMesh::group_ranks): for a group that spans several meshes.
+struct GroupRanks {
+  std::shared_ptr<ClusterClient::State> cluster;
+  /// Each rank's process, by its anchor (a ref that follows it across
+  /// restarts), in rank order.
+  std::vector<AnyRef> anchors;
+};
+
+/// Makes one collective group of several meshes' members: the ranks are
+/// `parts`' members, part after part, each in its view's order (a
+/// trainer's rank 0 as rank 0 and the rollout engines after it, to
+/// broadcast weights from the one to the others). Returns each rank's
+/// handle, in rank order, to send to it. The group works as one made by
+/// ActorMesh::make_group: a rank's process that dies breaks it on every
+/// rank, whichever mesh. A process may hold ranks of several parts (an
+/// actor of each mesh, colocated): they share its engine and, on CPU
+/// memory, its host's arena; collectives on CUDA memory (NCCL) refuse such
+/// a group. Errors: no ranks, parts of different clients, a process
+/// between incarnations (make it once it is back).
+Result<std::vector<CollectiveGroup>> make_group(const std::vector<GroupRanks>& parts,
+                                                const GroupOptions& options = {});
+/// Releases a group made by make_group(parts, ...) in every process of
+/// `parts` (see ActorMesh::release_group).
+Status release_group(const std::vector<GroupRanks>& parts, const CollectiveGroup& group);
+
 namespace detail {
 Status supervise_mesh(const MeshMembers& members, const AnyRef& owner);
-/// Makes a collective group of the view's members (see make_group).
-Result<std::vector<CollectiveGroup>> make_group(const MeshMembers& members, const Shape& view,
-                                                const GroupOptions& options);
-/// Releases group `id` in every process of the view (see release_group).
-Status release_group(const MeshMembers& members, const Shape& view, const std::string& id);
+/// The view's members as a group's ranks.
+GroupRanks group_ranks(const MeshMembers& members, const Shape& view);
 /// A cast to the members of `view`: down a tree of the processes' anchors.
 Status mesh_cast(const MeshMembers& members, const Shape& view, MessageBox box);
 }  // namespace detail
@@ -293,12 +316,15 @@ class ActorMesh {
   /// messages). `timeout` bounds each collective of the group. Fails when a
   /// member's process is between incarnations (try again once it is back).
   Result<std::vector<CollectiveGroup>> make_group(std::chrono::milliseconds timeout = std::chrono::seconds(30)) const {
-    return detail::make_group(*members_, shape_, GroupOptions{.timeout = timeout});
+    return troupe::make_group({group_ranks()}, GroupOptions{.timeout = timeout});
   }
   /// The same, with options (e.g. without the shared-memory data path).
   Result<std::vector<CollectiveGroup>> make_group(const GroupOptions& options) const {
-    return detail::make_group(*members_, shape_, options);
+    return troupe::make_group({group_ranks()}, options);
   }
+  /// The view's members as ranks of a group across meshes
+  /// (troupe::make_group(parts)), in view order.
+  GroupRanks group_ranks() const { return detail::group_ranks(*members_, shape_); }
   /// Releases a group made by make_group on this view (`group`: any
   /// member's handle): in each of the view's processes its collectives in
   /// progress fail (not_found, "released"), and its shared memory, threads
@@ -308,7 +334,7 @@ class ActorMesh {
   /// Processes that cannot be reached are skipped (theirs went with them);
   /// the first other error is returned.
   Status release_group(const CollectiveGroup& group) const {
-    return detail::release_group(*members_, shape_, group.id);
+    return troupe::release_group({group_ranks()}, group);
   }
 
   /// Makes `owner` (an actor of this process that handles MeshFailure) the

@@ -168,12 +168,13 @@ Status detail::mesh_cast(const MeshMembers& members, const Shape& view, MessageB
 
 namespace {
 
-/// The processes of the view's members, each once, in rank order.
-std::vector<size_t> view_processes(const MeshMembers& members, const Shape& view) {
-  std::vector<size_t> processes;
-  for (size_t i = 0; i < view.size(); ++i) {
-    size_t p = members.process_of[view.rank(i)];
-    if (std::find(processes.begin(), processes.end(), p) == processes.end()) processes.push_back(p);
+/// The distinct processes of the group's ranks (their anchors), each once,
+/// in rank order. Two meshes on one ProcMesh share its anchors' refs, so a
+/// process that holds a rank of each counts once.
+std::vector<AnyRef> group_processes(const GroupRanks& ranks) {
+  std::vector<AnyRef> processes;
+  for (const AnyRef& a : ranks.anchors) {
+    if (std::find(processes.begin(), processes.end(), a) == processes.end()) processes.push_back(a);
   }
   return processes;
 }
@@ -184,12 +185,12 @@ std::vector<size_t> view_processes(const MeshMembers& members, const Shape& view
 /// that host's other processes. Returns each rank's host number, or nothing
 /// (no arenas: the flat ring) when no host has two ranks or one cannot make
 /// or map its arena.
-std::vector<uint32_t> set_up_arenas(const MeshMembers& members, const Shape& view, const CollectiveGroup& spec,
+std::vector<uint32_t> set_up_arenas(const GroupRanks& ranks, const CollectiveGroup& spec,
                                     std::chrono::milliseconds timeout) {
-  std::vector<size_t> processes = view_processes(members, view);
+  std::vector<AnyRef> processes = group_processes(ranks);
   std::vector<Future<std::string>> asked;
-  for (size_t p : processes) asked.push_back(members.anchors[p].ask<std::string>(mesh::AnchorHost{}, timeout));
-  std::map<size_t, uint32_t> host_of_process;  // process -> host number
+  for (const AnyRef& p : processes) asked.push_back(p.ask<std::string>(mesh::AnchorHost{}, timeout));
+  std::vector<uint32_t> host_of_process(processes.size());  // by index in `processes`
   std::vector<std::string> host_names;
   for (size_t k = 0; k < processes.size(); ++k) {
     auto host = asked[k].get();
@@ -198,19 +199,24 @@ std::vector<uint32_t> set_up_arenas(const MeshMembers& members, const Shape& vie
       return {};
     }
     auto known = std::find(host_names.begin(), host_names.end(), *host);
-    host_of_process[processes[k]] = static_cast<uint32_t>(known - host_names.begin());
+    host_of_process[k] = static_cast<uint32_t>(known - host_names.begin());
     if (known == host_names.end()) host_names.push_back(*host);
   }
-  std::vector<uint32_t> hosts(view.size());
+  auto process_index = [&](const AnyRef& a) {
+    return static_cast<size_t>(std::find(processes.begin(), processes.end(), a) - processes.begin());
+  };
+  const size_t size = ranks.anchors.size();
+  std::vector<uint32_t> hosts(size);
   std::vector<uint32_t> ranks_on(host_names.size(), 0);
-  for (size_t i = 0; i < view.size(); ++i) ++ranks_on[hosts[i] = host_of_process[members.process_of[view.rank(i)]]];
+  for (size_t i = 0; i < size; ++i) ++ranks_on[hosts[i] = host_of_process[process_index(ranks.anchors[i])]];
   if (std::all_of(ranks_on.begin(), ranks_on.end(), [](uint32_t n) { return n == 1; })) return {};
   // One arena per host with two ranks or more, in its first process.
   std::vector<std::pair<size_t, Future<collectives::SlotsOffer>>> made;  // (host, offer)
   for (size_t h = 0; h < host_names.size(); ++h) {
     if (ranks_on[h] < 2) continue;
-    size_t first = *std::find_if(processes.begin(), processes.end(), [&](size_t p) { return host_of_process[p] == h; });
-    made.emplace_back(h, members.anchors[first].ask<collectives::SlotsOffer>(
+    size_t first = static_cast<size_t>(std::find(host_of_process.begin(), host_of_process.end(), h) -
+                                       host_of_process.begin());
+    made.emplace_back(h, processes[first].ask<collectives::SlotsOffer>(
                              mesh::MakeArena{spec.id, ranks_on[h], spec.chunk_bytes}, timeout));
   }
   std::vector<Future<void>> opened;
@@ -223,9 +229,9 @@ std::vector<uint32_t> set_up_arenas(const MeshMembers& members, const Shape& vie
       continue;
     }
     bool first = true;
-    for (size_t p : processes) {
-      if (host_of_process[p] != h || std::exchange(first, false)) continue;
-      opened.push_back(members.anchors[p].ask<void>(mesh::OpenArena{spec.id, ranks_on[h], *offer}, timeout));
+    for (size_t k = 0; k < processes.size(); ++k) {
+      if (host_of_process[k] != h || std::exchange(first, false)) continue;
+      opened.push_back(processes[k].ask<void>(mesh::OpenArena{spec.id, ranks_on[h], *offer}, timeout));
     }
   }
   for (auto& f : opened) {
@@ -242,15 +248,32 @@ std::vector<uint32_t> set_up_arenas(const MeshMembers& members, const Shape& vie
 
 }  // namespace
 
-Result<std::vector<CollectiveGroup>> detail::make_group(const MeshMembers& members, const Shape& view,
-                                                        const GroupOptions& options) {
+GroupRanks detail::group_ranks(const MeshMembers& members, const Shape& view) {
+  GroupRanks ranks;
+  ranks.cluster = members.cluster;
+  for (size_t i = 0; i < view.size(); ++i) ranks.anchors.push_back(members.anchors[members.process_of[view.rank(i)]]);
+  return ranks;
+}
+
+Result<std::vector<CollectiveGroup>> make_group(const std::vector<GroupRanks>& parts, const GroupOptions& options) {
+  GroupRanks ranks;
+  for (const GroupRanks& part : parts) {
+    if (!part.cluster) return error(ErrorCode::invalid_argument, "collectives: a part of the group is empty (made how?)");
+    if (!ranks.cluster) ranks.cluster = part.cluster;
+    if (part.cluster->rt != ranks.cluster->rt) {
+      return error(ErrorCode::invalid_argument,
+                   "collectives: the group's meshes belong to different clusters' clients; make them from one");
+    }
+    ranks.anchors.insert(ranks.anchors.end(), part.anchors.begin(), part.anchors.end());
+  }
+  if (ranks.anchors.empty()) return error(ErrorCode::invalid_argument, "collectives: a group needs one rank at least");
   auto timeout = options.timeout;
   static std::atomic<uint64_t> counter{0};
-  Runtime& rt = *members.cluster->rt;
+  Runtime& rt = *ranks.cluster->rt;
   CollectiveGroup spec;
   spec.id = "group-" + std::to_string(getpid()) + "-" + std::to_string(++counter) + "-" +
             std::to_string(std::chrono::steady_clock::now().time_since_epoch().count());
-  spec.size = static_cast<uint32_t>(view.size());
+  spec.size = static_cast<uint32_t>(ranks.anchors.size());
   spec.timeout_ms = timeout.count();
   spec.shared_memory = options.shared_memory;
   spec.chunk_bytes = options.chunk_bytes;
@@ -260,24 +283,22 @@ Result<std::vector<CollectiveGroup>> detail::make_group(const MeshMembers& membe
                                                   std::to_string(kMaxPipelinePieces) + "] (1: no pipelining)");
   }
   spec.pipeline_pieces = options.pipeline_pieces;
-  for (size_t i = 0; i < view.size(); ++i) {
-    size_t process = members.process_of[view.rank(i)];
-    auto at = current_location(rt, members.anchors[process]);
+  for (size_t i = 0; i < ranks.anchors.size(); ++i) {
+    auto at = current_location(rt, ranks.anchors[i]);
     if (!at) {
-      return error(ErrorCode::actor_dead, "collectives: the process of member " + std::to_string(i) +
+      return error(ErrorCode::actor_dead, "collectives: the process of rank " + std::to_string(i) +
                                               " is between incarnations; make the group once it is back");
     }
     spec.engines.push_back(EngineAt{at->address, at->id});
   }
   std::vector<uint32_t> hosts;
-  if (options.shared_memory && options.host_arena && spec.size > 1) hosts = set_up_arenas(members, view, spec, timeout);
+  if (options.shared_memory && options.host_arena && spec.size > 1) hosts = set_up_arenas(ranks, spec, timeout);
   std::vector<CollectiveGroup> handles;
   std::vector<Future<void>> joined;
-  for (size_t i = 0; i < view.size(); ++i) {
+  for (size_t i = 0; i < ranks.anchors.size(); ++i) {
     CollectiveGroup h = spec;
     h.rank = static_cast<uint32_t>(i);
-    joined.push_back(
-        members.anchors[members.process_of[view.rank(i)]].ask<void>(mesh::JoinGroup{h, hosts}, timeout));
+    joined.push_back(ranks.anchors[i].ask<void>(mesh::JoinGroup{h, hosts}, timeout));
     handles.push_back(std::move(h));
   }
   for (auto& f : joined) {
@@ -286,12 +307,16 @@ Result<std::vector<CollectiveGroup>> detail::make_group(const MeshMembers& membe
   return handles;
 }
 
-Status detail::release_group(const MeshMembers& members, const Shape& view, const std::string& id) {
-  std::vector<size_t> processes = view_processes(members, view);
-  std::vector<Future<void>> left;
-  for (size_t p : processes) {
-    left.push_back(members.anchors[p].ask<void>(mesh::LeaveGroup{id}, std::chrono::seconds(10)));
+Status release_group(const std::vector<GroupRanks>& parts, const CollectiveGroup& group) {
+  const std::string& id = group.id;
+  std::vector<AnyRef> processes;
+  for (const GroupRanks& part : parts) {
+    for (const AnyRef& p : group_processes(part)) {
+      if (std::find(processes.begin(), processes.end(), p) == processes.end()) processes.push_back(p);
+    }
   }
+  std::vector<Future<void>> left;
+  for (const AnyRef& p : processes) left.push_back(p.ask<void>(mesh::LeaveGroup{id}, std::chrono::seconds(10)));
   Status first;
   for (auto& f : left) {
     auto r = f.get();

@@ -1,0 +1,135 @@
+// Weight sync by broadcast (rollout.weight_sync = "broadcast"), actor by
+// actor in real processes: trainer rank 0 broadcasts its published weights
+// over one collective group with the rollout engines (troupe::make_group
+// across the two meshes), each engine takes them into its standby copy and
+// switches; an engine killed mid-broadcast fails it at once on the trainer
+// and the other engines (not at the group's deadline), which keep their
+// weights and take the new ones by one-sided reads of the published buffer,
+// the job's fallback. The job's own use of it: rl_job_test.cc.
+#include <csignal>
+#include <string>
+#include <vector>
+
+#include <catch2/catch.hpp>
+#include <troupe/mesh.h>
+
+#include "config/rl_config.h"
+#include "rollout/rollout_engine.h"
+#include "support/rl_session.h"
+#include "tasks/task.h"
+#include "trainer/trainer_rank.h"
+
+using namespace troupe::rl;
+using namespace std::chrono_literals;
+
+namespace {
+
+// `n` processes on a placement group of their own.
+troupe::ProcMesh processes(const troupe::ClusterClient& cluster, const std::string& dim, size_t n) {
+  troupe::PlacementGroupSpec spec;
+  spec.bundles.assign(n, troupe::Bundle{{{"CPU", 1}}});
+  auto pg = cluster.create_placement_group(spec).value();
+  return troupe::ProcMesh::create(cluster, troupe::Shape::make({{dim, n}}).value(), pg).value();
+}
+
+// A supervised step on a few warm-up sequences: the weights change.
+void train_once(const troupe::ActorMesh<trainer::TrainerRank>& t, const config::RlConfig& c) {
+  auto set = tasks::warmup_set(c);
+  std::vector<trainer::WireSequence> seqs(4);
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    seqs[i].prompt = set[i].prompt;
+    seqs[i].completion = set[i].completion;
+  }
+  const auto info = t.member(0).ask(trainer::GetTrainerInfo{}).get().value();
+  auto r = t.member(0)
+               .ask(trainer::TrainStep{true, std::move(seqs), 1.0, info.optimizer_steps, info.rl_phase, false}, 60s)
+               .get();
+  INFO((r ? std::string("ok") : r.error().to_string()));
+  REQUIRE(r.has_value());
+}
+
+}  // namespace
+
+TEST_CASE("weight sync by broadcast: trainer rank 0's weights reach every engine over one group across the two "
+          "meshes and an engine killed mid-broadcast fails it at once on the others which keep their weights and "
+          "read the new ones",
+          "[rl][weight_sync]") {
+  const std::string text =
+      "[run]\nseed = 5\nplacement = \"disaggregated\"\n[model]\ninit = \"random\"\n"
+      "[rollout]\nengines = 3\nweight_sync = \"broadcast\"\n";
+  const auto config = config::parse_rl_config(text).value();
+  auto s = troupe::test::rl_session();
+  auto trainers = processes(s->cluster(), "ranks", 1).spawn<trainer::TrainerRank>({}, text).value();
+  auto engines = processes(s->cluster(), "engines", 3).spawn<rollout::RolloutEngine>({}, text).value();
+  const std::vector<troupe::GroupRanks> parts{trainers.group_ranks(), engines.group_ranks()};
+  // A deadline far past the test's waits: a failure below comes from the
+  // lost process, not from the deadline.
+  auto groups = troupe::make_group(parts, troupe::GroupOptions{.timeout = 120s}).value();
+  REQUIRE(groups.size() == 4);
+  REQUIRE(trainers.member(0).ask(trainer::JoinWeightSyncGroup{groups[0]}).get().has_value());
+  for (size_t e = 0; e < 3; ++e) {
+    REQUIRE(engines.member(e).ask(trainer::JoinWeightSyncGroup{groups[e + 1]}).get().has_value());
+  }
+  const std::string id = groups[0].id;
+  auto trainer_sum = [&] { return trainers.member(0).ask(trainer::GetTrainerInfo{}).get().value().checksum; };
+  auto report = [&](size_t e) { return engines.member(e).ask(rollout::GetEngineReport{}).get().value(); };
+
+  // Version 1 to every engine by broadcast.
+  auto root = trainers.member(0).ask(trainer::BroadcastWeights{1, id}, 60s);
+  std::vector<troupe::Future<rollout::SyncReport>> got;
+  for (size_t e = 0; e < 3; ++e) got.push_back(engines.member(e).ask(rollout::ReceiveWeights{1, id}, 60s));
+  auto sent = root.get();
+  REQUIRE(sent.has_value());
+  INFO(sent->failed);
+  REQUIRE(sent->failed.empty());
+  const uint64_t v1 = trainer_sum();
+  for (size_t e = 0; e < 3; ++e) {
+    INFO("engine " << e);
+    auto r = got[e].get();
+    REQUIRE(r.has_value());
+    CHECK(r->version == 1);
+    CHECK(r->bytes == sent->published.floats * sizeof(float));
+    auto rep = report(e);
+    CHECK(rep.version == 1);
+    CHECK(rep.checksum == v1);
+  }
+
+  // Version 2: engine 2 never takes part, and its process is killed.
+  train_once(trainers, config);
+  const uint64_t v2 = trainer_sum();
+  REQUIRE(v2 != v1);
+  const int64_t victim = report(2).pid;
+  root = trainers.member(0).ask(trainer::BroadcastWeights{2, id}, 60s);
+  got.clear();
+  for (size_t e = 0; e < 2; ++e) got.push_back(engines.member(e).ask(rollout::ReceiveWeights{2, id}, 60s));
+  REQUIRE(::kill(static_cast<pid_t>(victim), SIGKILL) == 0);
+  sent = root.get();
+  REQUIRE(sent.has_value());
+  // The trainer's side says why, and published the weights all the same.
+  CHECK_THAT(sent->failed, Catch::Contains("rank 3"));
+  CHECK(sent->published.version == 2);
+  for (size_t e = 0; e < 2; ++e) {
+    INFO("engine " << e);
+    auto r = got[e].get();
+    REQUIRE_FALSE(r.has_value());
+    CHECK(r.error().code() == troupe::ErrorCode::peer_lost);
+    CHECK_THAT(r.error().message(), Catch::Contains("rank 3"));
+    // Nothing changed: it generates with version 1 still.
+    auto rep = report(e);
+    CHECK(rep.version == 1);
+    CHECK(rep.checksum == v1);
+    // The fallback: one-sided reads of the published buffer.
+    auto read = engines.member(e).ask(rollout::SyncWeights{sent->published}, 60s).get();
+    REQUIRE(read.has_value());
+    rep = report(e);
+    CHECK(rep.version == 2);
+    CHECK(rep.checksum == v2);
+  }
+
+  // A broadcast on a group the engine is not in is refused at once.
+  auto stale = engines.member(0).ask(rollout::ReceiveWeights{3, "no-such-group"}, 60s).get();
+  REQUIRE_FALSE(stale.has_value());
+  CHECK(stale.error().code() == troupe::ErrorCode::not_found);
+  CHECK_THAT(stale.error().message(), Catch::Contains("not in weight-sync group no-such-group"));
+  CHECK(troupe::release_group(parts, groups[0]).ok());
+}
