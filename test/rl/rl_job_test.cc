@@ -164,6 +164,10 @@ TEST_CASE("rl config: unknown keys, wrong types and values out of range are refu
   CHECK_THAT(refusal("[algorithm]\nprompts_per_step = 2\ngroup_size = 4\nmini_batches = 9\n"),
              Catch::Contains("'algorithm.mini_batches' (9)"));
   CHECK_THAT(refusal("[model]\nheads = 3\n"), Catch::Contains("[model]"));
+  CHECK_THAT(refusal("[rollout]\nweight_sync = \"nccl\"\n"),
+             Catch::Contains("'rollout.weight_sync'") && Catch::Contains("\"broadcast\""));
+  CHECK_THAT(refusal("[run]\nplacement = \"colocated\"\n[rollout]\nweight_sync = \"broadcast\"\n"),
+             Catch::Contains("'rollout.weight_sync'") && Catch::Contains("disaggregated"));
   auto missing = config::load_rl_config("/nonexistent/job.toml");
   REQUIRE_FALSE(missing);
   CHECK_THAT(missing.error().message(), Catch::Contains("/nonexistent/job.toml"));
