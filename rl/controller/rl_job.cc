@@ -889,62 +889,78 @@ void Job::drop_sync_group() {
 }
 
 bool Job::read_sync(size_t e, const std::string& why) {
-  const auto start = Clock::now();
   auto r = meshes_.engines->member(e).ask(rollout::SyncWeights{*published_}, timeout_).get();
-  if (!r) {
-    // It restarts (its failure comes to the inbox) and is synced once back.
-    resync_.insert(e);
-    fault("rollout engine " + std::to_string(e) + " failed a weight sync: " + why + "; then by reads: " +
-              r.error().message(),
-          "the others synced; it is synced again when it is back", 0);
-    return false;
-  }
-  fault("rollout engine " + std::to_string(e) + " missed the weight broadcast of version " +
-            std::to_string(published_->version) + ": " + why,
-        "synced by one-sided reads; the weight-sync group is made again", seconds_since(start));
-  return true;
+  if (r) return true;
+  // It restarts (its failure comes to the inbox) and is synced once back.
+  resync_.insert(e);
+  fault("rollout engine " + std::to_string(e) + " failed a weight sync: " + why + "; then by reads: " +
+            r.error().message(),
+        "the others synced; it is synced again when it is back", 0);
+  return false;
 }
 
 Result<double> Job::broadcast_weights(uint64_t version) {
   const size_t E = meshes_.engines->size();
-  const std::string id = sync_group_[0].id;
-  auto root = meshes_.trainers->member(0).ask(trainer::BroadcastWeights{version, id}, timeout_);
-  // Past the group's deadline (timeout_), every member's broadcast has
-  // failed: the stream's own bound only catches a member that never answers.
-  auto engines = meshes_.engines->stream(rollout::ReceiveWeights{version, id}, timeout_ + std::chrono::seconds(10));
-  auto b = root.get();
-  // The engines wait on the root: once it has failed, release the group so
-  // that they fail at once rather than at the group's deadline.
-  if (!b || !b->failed.empty()) drop_sync_group();
-  if (!b) {
-    // Rank 0 was lost after the step: once it is back with a survivor's
-    // state (the step's result), publish again; the engines read it.
-    const auto lost = Clock::now();
-    while (engines.next()) {
-    }
-    if (Status s = recover_trainers({}); !s.ok()) {
-      return error(b.error().code(), "publishing weights: " + b.error().message() + "; " + s.message());
-    }
-    fault("trainer rank 0 failed to broadcast version " + std::to_string(version) + ": " + b.error().message(),
-          "every rank took a survivor's state; published again, the engines read it", seconds_since(lost));
-    auto pub = meshes_.trainers->member(0).ask(trainer::PublishWeights{version}, timeout_).get();
-    if (!pub) return error(pub.error().code(), "publishing weights: " + pub.error().message());
-    published_ = *pub;
-    for (size_t e = 0; e < E; ++e) (void)read_sync(e, "trainer rank 0 was lost");
-    return 0.0;
-  }
-  published_ = b->published;
+  const auto parts = sync_group_parts(meshes_);
+  const CollectiveGroup group = sync_group_[0];
+  // Past the group's deadline (timeout_ from each member's start) every
+  // member's broadcast has failed: the asks' own bound only catches a
+  // member that never answers.
+  const auto bound = timeout_ + std::chrono::seconds(15);
+  auto root = meshes_.trainers->member(0).ask(trainer::BroadcastWeights{version, group.id}, bound);
+  auto engines = meshes_.engines->stream(rollout::ReceiveWeights{version, group.id}, bound);
+  // Whichever member fails first (a refusal, a lost process), the group is
+  // released at once, so that the others stop waiting for it: the root
+  // waits on the engines of its host, the engines on the root.
+  std::once_flag released;
+  auto release = [&] { std::call_once(released, [&] { (void)release_group(parts, group); }); };
+  Result<trainer::WeightsBroadcast> b = error(ErrorCode::timeout, "no answer");
+  std::thread root_waiter([&] {
+    b = root.get();
+    if (!b || !b->failed.empty()) release();
+  });
   double engine_s = 0;
-  std::vector<std::pair<size_t, std::string>> missed;
+  std::vector<size_t> missed;
+  std::string why;
   while (auto reply = engines.next()) {
     if (reply->second) {
       engine_s = std::max(engine_s, reply->second->seconds);
       continue;
     }
-    if (missed.empty()) drop_sync_group();  // the others stop waiting for this one
-    missed.emplace_back(reply->first, reply->second.error().message());
+    release();
+    if (why.empty()) why = reply->second.error().message();
+    missed.push_back(reply->first);
   }
-  for (const auto& [e, why] : missed) (void)read_sync(e, why);
+  root_waiter.join();
+  const auto start = Clock::now();
+  if (!b || !b->failed.empty() || !missed.empty()) sync_group_.clear();  // released: made again at the next sync
+  if (!b) {
+    // Rank 0 was lost after the step: once it is back with a survivor's
+    // state (the step's result), publish again; the engines read it.
+    if (Status s = recover_trainers({}); !s.ok()) {
+      return error(b.error().code(), "publishing weights: " + b.error().message() + "; " + s.message());
+    }
+    auto pub = meshes_.trainers->member(0).ask(trainer::PublishWeights{version}, timeout_).get();
+    if (!pub) return error(pub.error().code(), "publishing weights: " + pub.error().message());
+    published_ = *pub;
+    missed.clear();
+    for (size_t e = 0; e < E; ++e) missed.push_back(e);
+    why = "trainer rank 0 failed: " + b.error().message();
+  } else {
+    published_ = b->published;
+    if (!b->failed.empty() && missed.empty()) return engine_s;  // every engine has it; the root's side failed late
+    if (!b->failed.empty()) why = b->failed;
+  }
+  if (missed.empty()) return engine_s;
+  // One fault for the broadcast, whoever failed; an engine that cannot be
+  // read into either is a fault of its own (read_sync).
+  size_t read = 0;
+  for (size_t e : missed) read += read_sync(e, why);
+  fault("the weight broadcast of version " + std::to_string(version) + " failed: " + why,
+        std::to_string(read) + " of " + std::to_string(missed.size()) +
+            " engine(s) that missed it synced by one-sided reads" + (!b ? " (every trainer rank took a survivor's state first)" : "") +
+            "; the weight-sync group is made again",
+        seconds_since(start));
   return engine_s;
 }
 

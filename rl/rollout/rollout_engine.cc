@@ -239,7 +239,9 @@ Deferred<SyncReport> RolloutEngine::handle(const ReceiveWeights& m) {
   Collective c{sync_group_->id, sync_group_->rank, standby_->params(), n, DType::float32, ReduceOp::sum,
                CollectiveKind::broadcast, /*root=*/0};
   ask<void>(sync_group_->engine(self()), c, std::chrono::milliseconds(sync_group_->timeout_ms) + std::chrono::seconds(5))
-      .then([this, reply, what, version = m.version, n, start](Result<void> r) mutable {
+      // `keep`: the standby stays alive while the collective may write into
+      // it, whatever happens to this actor meanwhile.
+      .then([this, reply, what, version = m.version, n, start, keep = standby_](Result<void> r) mutable {
         syncing_ = false;
         if (!r) return reply.fail(Status(r.error().code(), what + " failed: " + r.error().message()));
         const uint32_t interrupted = static_cast<uint32_t>(live_.size());
