@@ -372,6 +372,12 @@ class Job {
   // Every rank's TrainerInfo (the asks wait for restarting ranks).
   Result<std::vector<trainer::TrainerInfo>> trainer_infos() const;
   Status publish_and_sync(uint64_t version, json& timing);
+  // rollout.weight_sync = "rma": publishes `version`, and every engine
+  // reads it. Returns the engines' longest sync, and sets published_.
+  Result<double> read_weights(uint64_t version);
+  // Rank 0 failed to publish `version` (`lost_because`): every rank takes
+  // a survivor's state, then rank 0 publishes it; sets published_.
+  Status republish(uint64_t version, const Status& lost_because);
   // rollout.weight_sync = "broadcast": publishes `version` and broadcasts
   // it from trainer rank 0 to every engine over the weight-sync group;
   // engines that miss it are synced by reads. Returns the engines' longest
@@ -935,14 +941,8 @@ Result<double> Job::broadcast_weights(uint64_t version) {
   const auto start = Clock::now();
   if (!b || !b->failed.empty() || !missed.empty()) sync_group_.clear();  // released: made again at the next sync
   if (!b) {
-    // Rank 0 was lost after the step: once it is back with a survivor's
-    // state (the step's result), publish again; the engines read it.
-    if (Status s = recover_trainers({}); !s.ok()) {
-      return error(b.error().code(), "publishing weights: " + b.error().message() + "; " + s.message());
-    }
-    auto pub = meshes_.trainers->member(0).ask(trainer::PublishWeights{version}, timeout_).get();
-    if (!pub) return error(pub.error().code(), "publishing weights: " + pub.error().message());
-    published_ = *pub;
+    // Rank 0 was lost: the engines read what it publishes once back.
+    if (Status s = republish(version, b.error()); !s.ok()) return error(s);
     missed.clear();
     for (size_t e = 0; e < E; ++e) missed.push_back(e);
     why = "trainer rank 0 failed: " + b.error().message();
@@ -958,40 +958,36 @@ Result<double> Job::broadcast_weights(uint64_t version) {
   for (size_t e : missed) read += read_sync(e, why);
   fault("the weight broadcast of version " + std::to_string(version) + " failed: " + why,
         std::to_string(read) + " of " + std::to_string(missed.size()) +
-            " engine(s) that missed it synced by one-sided reads" + (!b ? " (every trainer rank took a survivor's state first)" : "") +
-            "; the weight-sync group is made again",
+            " engine(s) that missed it synced by one-sided reads; the weight-sync group is made again",
         seconds_since(start));
   return engine_s;
 }
 
-Status Job::publish_and_sync(uint64_t version, json& timing) {
-  const auto start = Clock::now();
-  if (c_.rollout.weight_sync == config::WeightSync::broadcast && (!sync_group_.empty() || make_sync_group())) {
-    auto engine_s = broadcast_weights(version);
-    if (!engine_s) return engine_s.error();
-    const double bytes = static_cast<double>(published_->floats * sizeof(float));
-    timing["sync"] = seconds_since(start);
-    timing["sync_gbps"] = *engine_s > 0 ? bytes / *engine_s / 1e9 : 0;
-    queue_->publish(version);
-    return {};
+Status Job::republish(uint64_t version, const Status& lost_because) {
+  // Rank 0 was lost after the step: once it is back with a survivor's
+  // state (the step's result), publish again.
+  const auto lost = Clock::now();
+  if (Status s = recover_trainers({}); !s.ok()) {
+    return Status(lost_because.code(), "publishing weights: " + lost_because.message() + "; " + s.message());
   }
+  fault("trainer rank 0 failed to publish version " + std::to_string(version) + ": " + lost_because.message(),
+        "every rank took a survivor's state; published again", seconds_since(lost));
   auto pub = meshes_.trainers->member(0).ask(trainer::PublishWeights{version}, timeout_).get();
-  if (!pub) {
-    // Rank 0 was lost after the step: once it is back with a survivor's
-    // state (the step's result), publish again.
-    const auto lost = Clock::now();
-    if (Status s = recover_trainers({}); !s.ok()) {
-      return Status(pub.error().code(), "publishing weights: " + pub.error().message() + "; " + s.message());
-    }
-    fault("trainer rank 0 failed to publish version " + std::to_string(version) + ": " + pub.error().message(),
-          "every rank took a survivor's state; published again", seconds_since(lost));
-    pub = meshes_.trainers->member(0).ask(trainer::PublishWeights{version}, timeout_).get();
-    if (!pub) return Status(pub.error().code(), "publishing weights: " + pub.error().message());
-  }
+  if (!pub) return Status(pub.error().code(), "publishing weights: " + pub.error().message());
   published_ = *pub;
+  return {};
+}
+
+Result<double> Job::read_weights(uint64_t version) {
+  auto pub = meshes_.trainers->member(0).ask(trainer::PublishWeights{version}, timeout_).get();
+  if (pub) {
+    published_ = *pub;
+  } else if (Status s = republish(version, pub.error()); !s.ok()) {
+    return error(s);
+  }
   std::vector<Future<rollout::SyncReport>> futures;
   for (size_t e = 0; e < meshes_.engines->size(); ++e) {
-    futures.push_back(meshes_.engines->member(e).ask(rollout::SyncWeights{*pub}, timeout_));
+    futures.push_back(meshes_.engines->member(e).ask(rollout::SyncWeights{*published_}, timeout_));
   }
   double engine_s = 0;
   for (size_t e = 0; e < futures.size(); ++e) {
@@ -1006,10 +1002,18 @@ Status Job::publish_and_sync(uint64_t version, json& timing) {
     }
     engine_s = std::max(engine_s, r->seconds);
   }
-  const double total = seconds_since(start);
-  const double bytes = static_cast<double>(pub->floats * sizeof(float));
-  timing["sync"] = total;
-  timing["sync_gbps"] = engine_s > 0 ? bytes / engine_s / 1e9 : 0;
+  return engine_s;
+}
+
+Status Job::publish_and_sync(uint64_t version, json& timing) {
+  const auto start = Clock::now();
+  const bool broadcast =
+      c_.rollout.weight_sync == config::WeightSync::broadcast && (!sync_group_.empty() || make_sync_group());
+  auto engine_s = broadcast ? broadcast_weights(version) : read_weights(version);
+  if (!engine_s) return engine_s.error();
+  const double bytes = static_cast<double>(published_->floats * sizeof(float));
+  timing["sync"] = seconds_since(start);
+  timing["sync_gbps"] = *engine_s > 0 ? bytes / *engine_s / 1e9 : 0;
   queue_->publish(version);
   return {};
 }
