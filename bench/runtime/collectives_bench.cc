@@ -6,7 +6,9 @@
 // host's arena, rings between the hosts) against the ring over all ranks
 // (BENCH_COLLECTIVES_TWO_HOSTS_ONLY=1 runs only that part,
 // BENCH_COLLECTIVES_ONE_HOST_ONLY=1 only the first), and there
-// reduce_scatter and allgather too (by columns against the flat ring), and
+// reduce_scatter and allgather too (by columns against the flat ring),
+// broadcast from rank 0 (chunks down a tree or chain between the hosts'
+// leaders and each host's arena, against the same over all ranks), and
 // the allreduce pipelined in pieces against the same in one piece. Reported as nccl-tests does: bus bandwidth = algorithm
 // bandwidth (bytes / time) x 2(n-1)/n, against the machine's memcpy
 // bandwidth measured in the same run. Each size runs four times: on a group
@@ -137,6 +139,7 @@ struct Measured {
 /// fraction of the buffer each rank's link must carry, per the
 /// bandwidth-optimal algorithm.
 double bus_factor(troupe::CollectiveKind kind, size_t n) {
+  if (kind == troupe::CollectiveKind::broadcast) return 1;  // every rank's link carries the buffer once
   double f = static_cast<double>(n - 1) / static_cast<double>(n);
   return kind == troupe::CollectiveKind::allreduce ? 2 * f : f;
 }
@@ -296,7 +299,8 @@ int main(int argc, char** argv) {
     if (const char* e = std::getenv("BENCH_COLLECTIVES_MIB")) two_host_sizes = {std::stoul(e)};
     const std::vector<troupe::CollectiveKind> kinds{troupe::CollectiveKind::allreduce,
                                                     troupe::CollectiveKind::reduce_scatter,
-                                                    troupe::CollectiveKind::allgather};
+                                                    troupe::CollectiveKind::allgather,
+                                                    troupe::CollectiveKind::broadcast};
     for (size_t n : ns) {
       auto m = std::make_unique<Measured>();
       if (auto why = measure(*cluster, n, troupe::PlacementStrategy::pack, 16.0 / static_cast<double>(n), two_host_paths,
@@ -312,9 +316,12 @@ int main(int argc, char** argv) {
         for (size_t k = 0; k < two_host_sizes.size(); ++k) {
           size_t at = kind * two_host_sizes.size() + k;
           std::string size = "busbw_" + std::to_string(two_host_sizes[k]) + "MiB";
+          // Without arenas a broadcast is a tree or chain over all ranks, not a ring.
+          bool tree = kinds[kind] == troupe::CollectiveKind::broadcast;
+          std::string flat = tree ? "tree or chain over all ranks" : "ring over all ranks";
           emit(metric, size + suffix + "_hierarchical", m->busbw_bps[0][at] / 1e9, "GB/s",
-               "ring over all ranks, same hosts (this run)", m->busbw_bps[1][at] / 1e9, "report");
-          emit(metric, size + suffix + "_ring", m->busbw_bps[1][at] / 1e9, "GB/s",
+               flat + ", same hosts (this run)", m->busbw_bps[1][at] / 1e9, "report");
+          emit(metric, size + suffix + (tree ? "_flat" : "_ring"), m->busbw_bps[1][at] / 1e9, "GB/s",
                "memcpy bandwidth of this machine (this run)", memcpy_bps / 1e9, "report");
           if (kinds[kind] == troupe::CollectiveKind::allreduce) {
             emit(metric, size + suffix + "_pipelined_vs_stages", m->busbw_bps[0][at] / 1e9, "GB/s",

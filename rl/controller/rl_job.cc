@@ -843,13 +843,17 @@ Status Job::sync_engine(size_t e) {
   // head) can come before this process sees the old incarnation's
   // connection close, and an ask sent in between fails undelivered with
   // peer_lost. The sync is idempotent: ask again, paced, until it is back.
+  // An engine still finishing a sync (already_exists: a broadcast whose
+  // answer did not come in time) is asked again the same way.
   const auto deadline = Clock::now() + timeout_;
   auto backoff = std::chrono::milliseconds(20);
   for (;;) {
     auto r = meshes_.engines->member(e).ask(rollout::SyncWeights{*published_}, timeout_).get();
     if (r) return {};
     const ErrorCode code = r.error().code();
-    if ((code != ErrorCode::peer_lost && code != ErrorCode::actor_dead) || Clock::now() + backoff >= deadline) {
+    const bool transient =
+        code == ErrorCode::peer_lost || code == ErrorCode::actor_dead || code == ErrorCode::already_exists;
+    if (!transient || Clock::now() + backoff >= deadline) {
       return r.error();
     }
     std::this_thread::sleep_for(backoff);  // retry pacing while the engine restarts

@@ -72,7 +72,8 @@ struct MyHost {
 /// messages, reduced straight into the next rank's slot, collectives done
 /// through a host arena, of those the ones that also went between hosts,
 /// bytes received in messages, pipelined pieces, arena stages that read a
-/// CollectiveBuffer in place}.
+/// CollectiveBuffer in place, of those the allreduces written in place, the
+/// most broadcast chunks held before their collective got to them}.
 struct ChunkCounts {
   TROUPE_MESSAGE_NAMED(ChunkCounts, "test.coll.ChunkCounts");
 };
@@ -105,7 +106,7 @@ class Reducer : public troupe::Actor<Reducer, SetGroup, RunAllReduce, RunAtOnce,
           reply.complete(std::vector<uint64_t>{r->chunks_in_slots, r->chunks_in_messages, r->reduced_into_slots,
                                                r->arena_collectives, r->hierarchical_collectives,
                                                r->bytes_in_messages, r->pipelined_pieces, r->arena_in_place,
-                                               r->arena_written_in_place});
+                                               r->arena_written_in_place, r->most_tree_chunks_waiting});
         });
     return reply;
   }
@@ -466,6 +467,71 @@ TEST_CASE("collectives: a group over two hosts reduces in each host's arena and 
     fed_by_a_neighbour += same_host_before;
   }
   CHECK(fed_by_a_neighbour == 6);
+}
+
+TEST_CASE("collectives: a broadcast of many chunks goes down the tree chunk by chunk, at most four unacknowledged on "
+          "an edge, between hosts only once",
+          "[cluster][collectives][hierarchical]") {
+  CollectiveCluster c({"host-a", "host-b"});
+  REQUIRE(members_per_host(c.mesh).size() == 2);
+  auto ranks = members_of(c.mesh);
+  constexpr uint64_t kCount = 40'000;  // 160,000 bytes: 40 chunks of 4 KiB
+  auto counts_now = [&] {
+    auto counts = c.mesh.call(ChunkCounts{});
+    REQUIRE(counts.ok());
+    std::vector<std::vector<uint64_t>> out;
+    for (size_t m = 0; m < 8; ++m) out.push_back(*counts[m]);
+    return out;
+  };
+  auto check_result = [&](const troupe::Result<std::vector<double>>& got, uint32_t root) {
+    INFO((got ? std::string("ok") : got.error().to_string()));
+    REQUIRE(got.has_value());
+    REQUIRE(got->size() == kCount);
+    size_t wrong = 0;
+    for (size_t i = 0; i < kCount; ++i) wrong += (*got)[i] != pattern(root, i);
+    CHECK(wrong == 0);
+  };
+  RunAllReduce broadcast{kCount, static_cast<uint8_t>(DType::float32), static_cast<uint8_t>(ReduceOp::sum),
+                         static_cast<uint8_t>(troupe::CollectiveKind::broadcast), 3};
+
+  // Every rank by messages, no arenas: 40 chunks over 8 ranks go down the
+  // chain 3, 4, ..., 1, 2 (faster than the binomial tree's 3 sends of each
+  // chunk from the root). Rank 2, last, calls late: rank 1 sends it four
+  // chunks and waits for it.
+  c.give_groups(c.mesh, troupe::GroupOptions{.shared_memory = false, .host_arena = false, .chunk_bytes = 4096});
+  std::vector<troupe::Future<std::vector<double>>> asked;
+  for (uint32_t r = 0; r < 8; ++r) {
+    if (r != 2) asked.push_back(ranks[r].ask(broadcast, 60s));
+  }
+  auto deadline = std::chrono::steady_clock::now() + 30s;
+  while (counts_now()[2][9] < 4 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(10ms);  // polling another process's counters
+  }
+  REQUIRE(counts_now()[2][9] == 4);
+  asked.push_back(ranks[2].ask(broadcast, 60s));
+  for (auto& f : asked) check_result(f.get(), 3);
+  auto chained = counts_now();
+  for (uint32_t r = 0; r < 8; ++r) {
+    INFO("rank " << r);
+    CHECK(chained[r][9] <= 4);  // never more than the window before its turn
+    CHECK(chained[r][1] == (r == 3 ? 0u : 40u));  // every chunk once, from its parent
+    CHECK(chained[r][5] == (r == 3 ? 0u : kCount * 4));
+  }
+
+  // Through the arenas: the chunks cross between the hosts once, from the
+  // root (rank 5, leading its host) to the other host's leader (rank 0),
+  // and each host's arena takes them to its ranks.
+  broadcast.root = 5;
+  c.give_groups(c.mesh, troupe::GroupOptions{.chunk_bytes = 4096});
+  auto results = run_on(ranks, broadcast);
+  for (const auto& got : results) check_result(got, 5);
+  auto tree = counts_now();
+  for (uint32_t r = 0; r < 8; ++r) {
+    INFO("rank " << r);
+    CHECK(tree[r][1] == (r == 0 ? 40u : 0u));
+    CHECK(tree[r][5] == (r == 0 ? kCount * 4 : 0u));
+    CHECK(tree[r][4] == 1);  // one collective through the arenas and between the hosts
+  }
 }
 
 TEST_CASE("collectives: a group over hosts with different numbers of ranks reduces through the hosts' leaders",

@@ -731,6 +731,74 @@ TEST_CASE("tree: broadcast reaches every rank from any root in ceil(log2 n) roun
   }
 }
 
+/// Rounds a pipelined broadcast of `chunks` chunks takes over `trees` (one
+/// BroadcastTree a rank, root `root`) when each rank sends one chunk a
+/// round, chunk by chunk and child by child within a chunk (the engine's
+/// order), and forwards a chunk the round after it came. Checks on the way
+/// that every rank gets every chunk once, in order, from its parent, and
+/// only what its sender had.
+size_t pipelined_rounds(const std::vector<BroadcastTree>& trees, size_t root, size_t chunks) {
+  size_t ranks = trees.size();
+  std::vector<size_t> have(ranks, 0);
+  have[root] = chunks;
+  std::vector<size_t> next(ranks, 0);  // index into (chunk, child) order
+  size_t rounds = 0;
+  auto all_home = [&] { return std::all_of(have.begin(), have.end(), [&](size_t h) { return h == chunks; }); };
+  while (!all_home()) {
+    std::vector<std::pair<size_t, size_t>> arrivals;  // (rank, chunk)
+    for (size_t r = 0; r < ranks; ++r) {
+      const auto& kids = trees[r].children;
+      if (kids.empty() || next[r] == chunks * kids.size()) continue;
+      size_t chunk = next[r] / kids.size();
+      if (chunk >= have[r]) continue;  // not here yet
+      arrivals.emplace_back(kids[next[r] % kids.size()], chunk);
+      ++next[r];
+    }
+    REQUIRE(!arrivals.empty());  // otherwise the tree deadlocks
+    for (auto [r, chunk] : arrivals) {
+      REQUIRE(have[r] == chunk);  // in order, once each
+      ++have[r];
+    }
+    ++rounds;
+  }
+  return rounds;
+}
+
+TEST_CASE("broadcast tree: chunks go down the faster of the binomial tree and the chain, every rank getting each once "
+          "in order",
+          "[collectives]") {
+  for (size_t ranks : {1, 2, 3, 4, 5, 7, 8, 9, 16, 17}) {
+    std::set<size_t> roots = {0, 1 % ranks, ranks - 1};
+    for (size_t root : roots) {
+      for (size_t chunks : {1, 2, 3, 4, 5, 8, 64}) {
+        CAPTURE(ranks, root, chunks);
+        std::vector<BroadcastTree> trees;
+        for (size_t r = 0; r < ranks; ++r) trees.push_back(broadcast_tree(ranks, root, r, chunks));
+        // A tree: the root has no parent, every other rank one, which lists
+        // it among its children; n - 1 edges in all.
+        size_t edges = 0;
+        for (size_t r = 0; r < ranks; ++r) {
+          CHECK(trees[r].parent.has_value() == (r != root));
+          if (trees[r].parent) {
+            const auto& siblings = trees[*trees[r].parent].children;
+            CHECK(std::count(siblings.begin(), siblings.end(), r) == 1);
+          }
+          edges += trees[r].children.size();
+        }
+        CHECK(edges == ranks - 1);
+        // The binomial tree's root sends every chunk ceil(log2 n) times;
+        // the chain fills its pipeline in n - 2 chunk times and then moves
+        // one chunk a round. The shape taken is the faster one.
+        size_t depth = ceil_log2(ranks);
+        size_t binomial = chunks * depth, chain = ranks < 2 ? 0 : chunks + ranks - 2;
+        size_t rounds = pipelined_rounds(trees, root, chunks);
+        CHECK(rounds == std::min(binomial, chain));
+        CHECK(broadcast_uses_chain(ranks, chunks) == (chain < binomial));
+      }
+    }
+  }
+}
+
 TEST_CASE("barrier: after ceil(log2 n) rounds every rank has heard from every other", "[collectives]") {
   for (size_t ranks : {1, 2, 3, 4, 5, 7, 8, 9, 16, 17, 100}) {
     CAPTURE(ranks);

@@ -16,11 +16,14 @@
 // buffers).
 #include <sched.h>
 #include <signal.h>
+#include <linux/futex.h>
 #include <sys/mman.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <climits>
 #include <atomic>
 #include <chrono>
 #include <span>
@@ -516,6 +519,22 @@ struct Settling {
 
 enum class Writer { running, stopped, stopped_then_killed };
 
+/// Blocks while `word` (in memory shared across fork) holds `seen`, until
+/// `until`: a futex wait that is not process-private, so that waiting ranks
+/// leave the CPU to the rank whose writes they wait for (spinning ones
+/// starved it past kWriterGrace on a loaded 2-core machine).
+void wait_shared(std::atomic<uint32_t>& word, uint32_t seen, std::chrono::steady_clock::time_point until) {
+  while (word.load() == seen && std::chrono::steady_clock::now() < until) {
+    timespec slice{0, 10'000'000};
+    ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(&word), FUTEX_WAIT, seen, &slice, nullptr, 0);
+  }
+}
+
+/// Wakes every process waiting in wait_shared on `word`.
+void wake_shared(std::atomic<uint32_t>& word) {
+  ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(&word), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
+}
+
 }  // namespace
 
 TEST_CASE("host arena: a rank whose allreduce fails gets its buffer back only once the others stopped writing into it",
@@ -570,7 +589,8 @@ TEST_CASE("host arena: a rank whose allreduce fails gets its buffer back only on
       // the test says rank 1 can no longer write.
       std::fill(data.begin(), data.end(), 7.0f);
       shared->returned.fetch_add(1);
-      while (shared->check.load() == 0) ::sched_yield();
+      wake_shared(shared->returned);
+      wait_shared(shared->check, 0, std::chrono::steady_clock::time_point::max());
       ::_exit(std::all_of(data.begin(), data.end(), [](float x) { return x == 7.0f; }) ? 0 : 102);
     }
     auto give_up = std::chrono::steady_clock::now() + 60s;
@@ -596,7 +616,10 @@ TEST_CASE("host arena: a rank whose allreduce fails gets its buffer back only on
     if (how == Writer::stopped_then_killed) REQUIRE(::kill(children[1], SIGKILL) == 0);
     auto broke = std::chrono::steady_clock::now();
     made.abort();
-    while (shared->returned.load() < n - 1 && std::chrono::steady_clock::now() < give_up) ::sched_yield();
+    for (uint32_t seen = shared->returned.load(); seen < n - 1; seen = shared->returned.load()) {
+      if (std::chrono::steady_clock::now() >= give_up) break;
+      wait_shared(shared->returned, seen, give_up);
+    }
     REQUIRE(shared->returned.load() == n - 1);
     auto waited = std::chrono::steady_clock::now() - broke;
     if (how == Writer::stopped) {
@@ -609,6 +632,7 @@ TEST_CASE("host arena: a rank whose allreduce fails gets its buffer back only on
     REQUIRE(::waitpid(children[1], &status, 0) == children[1]);  // rank 1 writes no more
     if (how == Writer::running) CHECK((WIFEXITED(status) && WEXITSTATUS(status) == 0));
     shared->check.store(1);
+    wake_shared(shared->check);
     for (uint32_t r : {0u, 2u, 3u}) {
       INFO("rank " << r << ": " << shared->message[r]);
       REQUIRE(::waitpid(children[r], &status, 0) == children[r]);

@@ -81,9 +81,10 @@ struct GroupOptions {
   /// every rank's data there, and copies the results out (each buffer read
   /// and written once). False: the ring, as between hosts.
   bool host_arena = true;
-  /// The largest piece a ring step sends at once (4 KiB to 64 MiB): a
-  /// segment of more is pipelined in chunks of this size, and each rank
-  /// offers the one before it 8 slots of it. Large enough to amortise a
+  /// The largest piece a ring step or a broadcast sends at once (4 KiB to
+  /// 64 MiB): a segment of more is pipelined in chunks of this size, each
+  /// rank offers the one before it 8 slots of it, and a broadcast's sender
+  /// has at most 4 chunks on an edge that the receiver has not applied. Large enough to amortise a
   /// message, small enough that several are in flight. In the arena, the
   /// data a rank moves per round (at most 32 MiB of slots in all).
   uint64_t chunk_bytes = uint64_t{4} << 20;

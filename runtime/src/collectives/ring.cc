@@ -115,6 +115,33 @@ std::vector<TreeStep> tree_broadcast_schedule(size_t ranks, size_t root, size_t 
   return steps;
 }
 
+bool broadcast_uses_chain(size_t ranks, size_t chunks) {
+  size_t depth = 0;
+  while ((size_t{1} << depth) < ranks) ++depth;
+  return ranks > 2 && chunks * (depth - 1) > ranks - 2;
+}
+
+BroadcastTree broadcast_tree(size_t ranks, size_t root, size_t rank, size_t chunks) {
+  if (chunks == 0) contract_broken("broadcast_tree", "chunks is 0", ranks, chunks);
+  BroadcastTree t;
+  if (broadcast_uses_chain(ranks, chunks)) {
+    if (root >= ranks) contract_broken("broadcast_tree", "root out of range", ranks, root);
+    if (rank >= ranks) contract_broken("broadcast_tree", "rank out of range", ranks, rank);
+    size_t v = sub_mod(rank, root, ranks);
+    if (v > 0) t.parent = sub_mod(rank, 1, ranks);
+    if (v + 1 < ranks) t.children.push_back((rank + 1) % ranks);
+    return t;
+  }
+  for (const TreeStep& s : tree_broadcast_schedule(ranks, root, rank)) {
+    if (s.op == TreeOp::recv) {
+      t.parent = s.peer;
+    } else {
+      t.children.push_back(s.peer);
+    }
+  }
+  return t;
+}
+
 std::vector<BarrierRound> barrier_schedule(size_t ranks, size_t rank) {
   if (rank >= ranks) contract_broken("barrier_schedule", "rank out of range", ranks, rank);
   std::vector<BarrierRound> rounds;

@@ -6,7 +6,9 @@
 //
 //   ring       allreduce = reduce_scatter then allgather; each rank sends
 //              2(n-1)/n of the buffer whatever n is (bandwidth-optimal).
-//   tree       broadcast down a binomial tree: ceil(log2 n) rounds.
+//   tree       broadcast down a binomial tree: ceil(log2 n) rounds; a large
+//              one cut in chunks, pipelined down that tree or a chain
+//              (broadcast_tree).
 //   barrier    dissemination: ceil(log2 n) rounds of one send and one recv.
 //
 // Ring layout. The buffer of `count` elements is cut into n segments, sizes
@@ -33,6 +35,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 namespace troupe::collectives {
@@ -116,6 +119,32 @@ struct TreeStep {
 /// with their one recv; the root has only sends; peers are absolute ranks.
 /// REQUIRES: root < ranks, rank < ranks.
 std::vector<TreeStep> tree_broadcast_schedule(size_t ranks, size_t root, size_t rank);
+
+/// Where one rank's chunks of a pipelined broadcast come from and go to:
+/// every chunk from `parent` (none for the root), in order, and each one on
+/// to every child, in order, as soon as it is here. Absolute ranks.
+struct BroadcastTree {
+  std::optional<size_t> parent;
+  std::vector<size_t> children;
+
+  bool operator==(const BroadcastTree&) const = default;
+};
+
+/// The shape a broadcast of `chunks` chunks over `ranks` ranks takes:
+/// the binomial tree (tree_broadcast_schedule), or a chain root, root + 1,
+/// ... (each rank forwards to the next). A sender's link carries each chunk
+/// once per child, so the root of the binomial tree sends C * ceil(log2 n)
+/// chunks and the last chunk is home about then; the chain's root sends C,
+/// and its last chunk is home after C + n - 2 chunk times (the pipeline
+/// filling). The chain goes for C (ceil(log2 n) - 1) > n - 2: a large buffer
+/// over a few ranks (what NCCL's ring broadcast is), the tree for small
+/// buffers (latency: ceil(log2 n) hops, not n - 1) and many ranks. For
+/// n <= 2 both are the same edge.
+/// REQUIRES: root < ranks, rank < ranks, chunks >= 1 (aborts otherwise).
+BroadcastTree broadcast_tree(size_t ranks, size_t root, size_t rank, size_t chunks);
+
+/// True when broadcast_tree chooses the chain for (ranks, chunks).
+bool broadcast_uses_chain(size_t ranks, size_t chunks);
 
 /// One round of a dissemination barrier: send a token to `send_to` and wait
 /// for one from `recv_from`.

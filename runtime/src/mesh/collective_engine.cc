@@ -11,7 +11,12 @@
 // (collectives/shm_slots.h) with a small message saying which; the receiver
 // reads it from there and gives the slot back. C chunk steps are in flight
 // at once (the schedule says when a send may read what was received),
-// bounded by the free slots. A dead peer engine, or the group's deadline,
+// bounded by the free slots. A broadcast between the engines goes in chunks
+// of the same size down a binomial tree or a chain (collectives/ring.h's
+// broadcast_tree), each chunk forwarded as soon as it is here, with at most
+// kTreeWindow chunks on an edge that the receiver has not acknowledged
+// (TreeAck): no single message of the whole buffer, and a receiver that
+// calls late holds a few chunks, not the buffer. A dead peer engine, or the group's deadline,
 // fails every collective in progress on the surviving ranks, and breaks the
 // group (and its arenas).
 #include <algorithm>
@@ -51,6 +56,12 @@ constexpr uint64_t kMaxChunkBytes = uint64_t{64} << 20;
 /// have written and not yet seen read. With credits no ring deadlocks (the
 /// rank that has sent least can always go on), so this only bounds memory.
 constexpr uint32_t kSlots = 8;
+/// Chunks of a broadcast a rank may have sent down one edge and not yet
+/// heard applied (TreeAck): enough to keep the link busy over an ack's
+/// round trip, few enough that a slow or late receiver holds at most this
+/// many chunks of memory for it, and that a heartbeat queued behind them
+/// waits for a few chunks, not for the whole buffer.
+constexpr size_t kTreeWindow = 4;
 }  // namespace
 
 Result<void> ProcAnchor::handle(const JoinGroup& m) {
@@ -219,19 +230,24 @@ void ProcAnchor::run_on_arena(Group& g, uint32_t rank, Op& op) {
   resume_arena_waiters(g, rank);
 }
 
+ProcAnchor::Found ProcAnchor::find_live(const std::string& group, uint32_t rank, uint64_t seq) {
+  auto it = groups_.find(group);
+  if (it == groups_.end() || !it->second.broken.ok()) return {};
+  auto lr = it->second.ranks.find(rank);
+  if (lr == it->second.ranks.end()) return {};
+  auto op = lr->second.ops.find(seq);
+  return Found{&it->second, &lr->second, op == lr->second.ops.end() ? nullptr : &op->second};
+}
+
 void ProcAnchor::handle(const ArenaDone& m) {
-  auto it = groups_.find(m.group);
-  if (it == groups_.end() || !it->second.broken.ok()) return;
-  Group& g = it->second;
-  auto lr = g.ranks.find(m.rank);
-  if (lr == g.ranks.end()) return;
-  auto op = lr->second.ops.find(m.seq);
-  if (op == lr->second.ops.end()) return;
+  auto [gp, lr, op] = find_live(m.group, m.rank, m.seq);
+  if (op == nullptr) return;
+  Group& g = *gp;
   if (m.code == 0) {
     g.counters.arena_in_place += m.path != static_cast<uint8_t>(collectives::ArenaPath::slots);
     g.counters.arena_written_in_place += m.path == static_cast<uint8_t>(collectives::ArenaPath::written_in_place);
-    op->second.on_arena = false;
-    ++op->second.stage;
+    op->on_arena = false;
+    ++op->stage;
     advance(g, m.rank, m.seq);
     return;
   }
@@ -480,11 +496,21 @@ void ProcAnchor::set_net_steps(Op& op, const collectives::Stage& stage, size_t c
     case CollectiveKind::allgather:
       ring(collectives::ring_allgather_schedule(members, part.index, part.len_elems(), chunk_elems));
       break;
-    case CollectiveKind::broadcast:
-      for (auto& s : collectives::tree_broadcast_schedule(members, stage.root, part.index)) {
-        op.peer_steps.push_back(PeerStep{part.members[s.peer], s.op == collectives::TreeOp::send});
+    case CollectiveKind::broadcast: {
+      // At least one chunk, so that even an empty broadcast is matched
+      // (signatures) and ordered like any other.
+      size_t count = part.len_elems();
+      size_t chunks = std::max<size_t>(1, (count + chunk_elems - 1) / chunk_elems);
+      collectives::BroadcastTree shape = collectives::broadcast_tree(members, stage.root, part.index, chunks);
+      if (shape.parent) op.tree.parent = part.members[*shape.parent];
+      for (size_t child : shape.children) op.tree.children.push_back(part.members[child]);
+      for (size_t c = 0; c < chunks; ++c) {
+        op.tree.chunks.push_back(part.to_buffer(collectives::ring_segment(count, chunks, c)));
       }
+      op.tree.sent.assign(op.tree.children.size(), 0);
+      op.tree.acked.assign(op.tree.children.size(), 0);
       break;
+    }
     case CollectiveKind::barrier:
       for (auto& r : collectives::barrier_schedule(members, part.index)) {
         op.peer_steps.push_back(PeerStep{part.members[r.send_to], true});
@@ -510,7 +536,8 @@ void ProcAnchor::advance(Group& g, uint32_t rank, uint64_t seq) {
     if (op.on_arena || !turn) return;  // resume_arena_waiters() goes on with it at its turn
     return run_on_arena(g, rank, op);
   }
-  if (stage.kind == CollectiveKind::broadcast || stage.kind == CollectiveKind::barrier) return pump_peers(g, rank, seq);
+  if (stage.kind == CollectiveKind::broadcast) return pump_tree(g, rank, seq);
+  if (stage.kind == CollectiveKind::barrier) return pump_peers(g, rank, seq);
   pump(g, rank, seq);
 }
 
@@ -651,25 +678,93 @@ void ProcAnchor::pump_peers(Group& g, uint32_t rank, uint64_t seq) {
   auto it = lr.ops.find(seq);
   if (it == lr.ops.end()) return;
   Op& op = it->second;
-  if (!in_net_stage(op)) return;  // its data waits in `early_from` until then
-  size_t bytes = op.kind == CollectiveKind::broadcast ? op.count * dtype_size(op.dtype) : 0;
+  if (!in_net_stage(op)) return;  // its tokens wait in `early_from` until then
   while (op.next_peer_step < op.peer_steps.size()) {
     const PeerStep& s = op.peer_steps[op.next_peer_step];
     if (s.send) {
-      (void)g.engines[s.peer].tell(
-          RingChunk{g.spec.id, s.peer, rank, seq, 0, true, op.signature,
-                    std::string(reinterpret_cast<const char*>(op.data), bytes), 0, 0});
+      (void)g.engines[s.peer].tell(RingChunk{g.spec.id, s.peer, rank, seq, 0, true, op.signature, {}, 0, 0});
     } else {
-      auto got = lr.early_from.find({seq, s.peer});
-      if (got == lr.early_from.end()) return;  // its data has not come yet
+      auto got = lr.early_from.find({seq, s.peer, 0});
+      if (got == lr.early_from.end()) return;  // its token has not come yet
       if (!agrees(g, op, got->second.signature, got->second.from)) return;
-      std::memcpy(op.data, got->second.bytes.data(), std::min(bytes, got->second.bytes.size()));
-      g.counters.bytes_in_messages += got->second.bytes.size();
       lr.early_from.erase(got);
     }
     ++op.next_peer_step;
   }
   net_done(g, rank, seq);
+}
+
+void ProcAnchor::pump_tree(Group& g, uint32_t rank, uint64_t seq) {
+  LocalRank& lr = g.ranks[rank];
+  auto it = lr.ops.find(seq);
+  if (it == lr.ops.end()) return;
+  Op& op = it->second;
+  if (!in_net_stage(op)) return;  // its chunks wait in `early_from` until then
+  TreeBroadcast& t = op.tree;
+  const size_t width = dtype_size(op.dtype);
+  // The parent's chunks, in order.
+  const size_t received_before = t.received;
+  while (t.parent && t.received < t.chunks.size()) {
+    auto got = lr.early_from.find({seq, *t.parent, t.received});
+    if (got == lr.early_from.end()) break;  // not here yet
+    if (!agrees(g, op, got->second.signature, got->second.from)) return;
+    const collectives::ElemRange& c = t.chunks[t.received];
+    const std::string& bytes = got->second.bytes;
+    if (bytes.size() != c.len_elems * width) {
+      break_group(g.spec.id, Status(ErrorCode::malformed, "collectives: group " + g.spec.id + ": rank " +
+                                                              std::to_string(*t.parent) + " sent " +
+                                                              std::to_string(bytes.size()) + " bytes as chunk " +
+                                                              std::to_string(t.received) + " of " + op.what +
+                                                              ", which has " + std::to_string(c.len_elems * width)),
+                  /*tell_others=*/true);
+      return;
+    }
+    std::memcpy(op.data + c.offset_elems * width, bytes.data(), bytes.size());
+    if (!bytes.empty()) ++g.counters.chunks_in_messages;
+    g.counters.bytes_in_messages += bytes.size();
+    lr.early_from.erase(got);
+    ++t.received;
+  }
+  // One acknowledgement for all of them: it carries the count, not the chunk.
+  if (t.received > received_before) {
+    (void)g.engines[*t.parent].tell(TreeAck{g.spec.id, *t.parent, rank, seq, t.received});
+  }
+  // On to the children, as far as each one's window goes.
+  const size_t have = t.parent ? t.received : t.chunks.size();
+  bool all_sent = have == t.chunks.size();
+  for (size_t k = 0; k < t.children.size(); ++k) {
+    while (t.sent[k] < have && t.sent[k] < t.acked[k] + kTreeWindow) {
+      const collectives::ElemRange& c = t.chunks[t.sent[k]];
+      (void)g.engines[t.children[k]].tell(
+          RingChunk{g.spec.id, t.children[k], rank, seq, t.sent[k], true, op.signature,
+                    std::string(reinterpret_cast<const char*>(op.data + c.offset_elems * width), c.len_elems * width),
+                    0, 0});
+      ++t.sent[k];
+    }
+    all_sent = all_sent && t.sent[k] == t.chunks.size();
+  }
+  // The children's last acknowledgements are not waited for: every chunk
+  // is in a message by now, and the caller's buffer is its own again.
+  if (all_sent) net_done(g, rank, seq);
+}
+
+void ProcAnchor::handle(const TreeAck& m) {
+  auto [g, lr, op] = find_live(m.group, m.to_rank, m.seq);
+  if (op == nullptr) return;  // done here already: its last chunks' acknowledgements
+  TreeBroadcast& t = op->tree;
+  auto child = std::find(t.children.begin(), t.children.end(), m.from_rank);
+  if (child == t.children.end()) return;  // not from a child of this rank's (a confused peer): nothing to open
+  size_t k = static_cast<size_t>(child - t.children.begin());
+  if (m.chunks > t.sent[k]) {
+    break_group(m.group, Status(ErrorCode::malformed, "collectives: group " + m.group + ": rank " +
+                                                          std::to_string(m.from_rank) + " acknowledged " +
+                                                          std::to_string(m.chunks) + " chunks of " + op->what +
+                                                          ", of " + std::to_string(t.sent[k]) + " sent"),
+                /*tell_others=*/true);
+    return;
+  }
+  t.acked[k] = std::max<size_t>(t.acked[k], m.chunks);
+  pump_tree(*g, m.to_rank, m.seq);
 }
 
 void ProcAnchor::finish(Group& g, uint32_t rank, uint64_t seq) {
@@ -693,29 +788,34 @@ void ProcAnchor::finish(Group& g, uint32_t rank, uint64_t seq) {
 }
 
 void ProcAnchor::handle(const RingChunk& m) {
-  auto it = groups_.find(m.group);
-  if (it == groups_.end() || !it->second.broken.ok()) return;
-  Group& g = it->second;
-  auto lr = g.ranks.find(m.to_rank);
-  if (lr == g.ranks.end()) return;
-  auto op = lr->second.ops.find(m.seq);
+  auto [gp, lr, op] = find_live(m.group, m.to_rank, m.seq);
+  if (gp == nullptr) return;
+  Group& g = *gp;
   if (m.tree) {
-    // Broadcast and barrier: by sender; applied when the schedule gets there.
-    lr->second.early_from[{m.seq, m.from_rank}] = LocalRank::Early{m.signature, m.from_rank, m.bytes, 0, 0};
-    if (op != lr->second.ops.end()) pump_peers(g, m.to_rank, m.seq);
+    // Broadcast and barrier: by sender and chunk; applied when the schedule
+    // gets there. A broadcast's sender keeps at most kTreeWindow chunks
+    // unacknowledged, so this holds at most that many per sender.
+    lr->early_from[{m.seq, m.from_rank, m.step}] = LocalRank::Early{m.signature, m.from_rank, m.bytes, 0, 0};
+    g.counters.most_tree_chunks_waiting = std::max<uint64_t>(g.counters.most_tree_chunks_waiting, lr->early_from.size());
+    if (op == nullptr) return;
+    if (op->kind == CollectiveKind::broadcast) {
+      pump_tree(g, m.to_rank, m.seq);
+    } else {
+      pump_peers(g, m.to_rank, m.seq);
+    }
     return;
   }
-  if (op == lr->second.ops.end() || op->second.next_recv != m.step || op->second.next_recv >= op->second.next_send) {
+  if (op == nullptr || op->next_recv != m.step || op->next_recv >= op->next_send) {
     // Before this rank called, or ahead of its turn: kept until then.
-    lr->second.early[{m.seq, m.step}] = LocalRank::Early{m.signature, m.from_rank, m.bytes, m.slot, m.slot_bytes};
-    if (op != lr->second.ops.end()) pump(g, m.to_rank, m.seq);
+    lr->early[{m.seq, m.step}] = LocalRank::Early{m.signature, m.from_rank, m.bytes, m.slot, m.slot_bytes};
+    if (op != nullptr) pump(g, m.to_rank, m.seq);
     return;
   }
-  if (!agrees(g, op->second, m.signature, m.from_rank) ||
-      !apply(g, m.to_rank, op->second, m.step, m.from_rank, m.bytes, m.slot, m.slot_bytes)) {
+  if (!agrees(g, *op, m.signature, m.from_rank) ||
+      !apply(g, m.to_rank, *op, m.step, m.from_rank, m.bytes, m.slot, m.slot_bytes)) {
     return;
   }
-  ++op->second.next_recv;
+  ++op->next_recv;
   pump(g, m.to_rank, m.seq);
 }
 

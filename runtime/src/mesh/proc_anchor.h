@@ -9,9 +9,11 @@
 #include <chrono>
 #include <deque>
 #include <map>
+#include <optional>
 #include <memory>
 #include <set>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "cluster/protocol.h"
@@ -121,7 +123,7 @@ struct RingChunk {
   uint32_t to_rank = 0;
   uint32_t from_rank = 0;
   uint64_t seq = 0;
-  uint64_t step = 0;  // ring kinds: the step; tree kinds (broadcast, barrier): unused
+  uint64_t step = 0;  // ring kinds: the step; broadcast: the chunk; barrier: unused
   bool tree = false;  // from a broadcast or barrier: matched by sender, not step
   /// What the sender was asked for (kind, count, type, op, root): ranks
   /// that disagree fail the collective with a clear error, not garbage.
@@ -169,9 +171,10 @@ struct GroupCounters {
   uint64_t pipelined_pieces = 0;    // pieces of pipelined collectives done
   uint64_t arena_in_place = 0;      // arena stages that read some rank's CollectiveBuffer in place
   uint64_t arena_written_in_place = 0;  // of those, allreduces written into every rank's buffer
+  uint64_t most_tree_chunks_waiting = 0;  // most broadcast chunks (and barrier tokens) a rank held before its turn
   TROUPE_FIELDS(chunks_in_slots, chunks_in_messages, reduced_into_slots, arena_collectives,
                 hierarchical_collectives, bytes_in_messages, pipelined_pieces, arena_in_place,
-                arena_written_in_place);
+                arena_written_in_place, most_tree_chunks_waiting);
 };
 
 /// Receiver -> sender (rank `to_rank`): slot `slot` is free again.
@@ -180,6 +183,19 @@ struct SlotFree {
   uint32_t to_rank = 0;
   uint32_t slot = 0;
   TROUPE_MESSAGE_NAMED(SlotFree, "troupe.mesh.SlotFree", group, to_rank, slot);
+};
+
+/// Receiver of a broadcast's chunks -> the rank it gets them from
+/// (`to_rank`): rank `from_rank` has applied the first `chunks` chunks of
+/// collective `seq`, so that many more may be sent (the sender keeps at
+/// most a few unacknowledged on each edge: see kTreeWindow).
+struct TreeAck {
+  std::string group;
+  uint32_t to_rank = 0;
+  uint32_t from_rank = 0;
+  uint64_t seq = 0;
+  uint64_t chunks = 0;
+  TROUPE_MESSAGE_NAMED(TreeAck, "troupe.mesh.TreeAck", group, to_rank, from_rank, seq, chunks);
 };
 
 /// Engine -> the group's other engines: the group is broken (a rank saw
@@ -193,7 +209,7 @@ struct GroupBroken {
 
 class ProcAnchor final
     : public Actor<ProcAnchor, AnchorPid, AnchorHost, MeshCast, JoinGroup, Collective, RingChunk, GroupBroken, SlotsOffered,
-                   SlotFree, GroupStats, NcclId, MakeArena, OpenArena, ArenaDone, LeaveGroup> {
+                   SlotFree, TreeAck, GroupStats, NcclId, MakeArena, OpenArena, ArenaDone, LeaveGroup> {
  public:
   /// `rank`: its place in the mesh, shown in the actor table.
   explicit ProcAnchor(uint64_t rank) { (void)rank; }
@@ -208,6 +224,7 @@ class ProcAnchor final
   void handle(const GroupBroken& m);
   void handle(const SlotsOffered& m);
   void handle(const SlotFree& m);
+  void handle(const TreeAck& m);
   Result<GroupCounters> handle(const GroupStats& m);
   Result<collectives::SlotsOffer> handle(const MakeArena& m);
   Result<void> handle(const OpenArena& m);
@@ -217,12 +234,24 @@ class ProcAnchor final
   void handle(const NcclId& m);
 
  private:
-  /// One collective in progress for one local rank.
-  /// A step of a tree-shaped collective (broadcast, barrier).
+  /// A step of a barrier's net stage.
   struct PeerStep {
     uint32_t peer = 0;
     bool send = false;
   };
+  /// A broadcast's net stage: the buffer in chunks, each received from the
+  /// parent in order and sent on to every child as soon as it is here
+  /// (collectives/ring.h's broadcast_tree), at most kTreeWindow chunks
+  /// unacknowledged on each edge.
+  struct TreeBroadcast {
+    std::optional<uint32_t> parent;   // group rank; none for the net root
+    std::vector<uint32_t> children;   // group ranks
+    std::vector<collectives::ElemRange> chunks;  // in the whole buffer
+    size_t received = 0;              // chunks from the parent applied
+    std::vector<size_t> sent;         // by child: chunks sent
+    std::vector<size_t> acked;        // by child: chunks it has applied (TreeAck)
+  };
+  /// One collective in progress for one local rank.
   struct Op {
     uint64_t seq = 0;  // its key in LocalRank::ops
     CollectiveKind kind = CollectiveKind::allreduce;
@@ -236,9 +265,10 @@ class ProcAnchor final
     /// of its pieces are not done yet, shared by them; the caller's reply
     /// goes once all are. Null for a collective in one piece.
     std::shared_ptr<size_t> pieces_left;
-    /// The net stage's steps: a ring's (schedule), or a tree's (peer_steps),
-    /// in group ranks and offsets into the whole buffer.
+    /// The net stage's steps: a ring's (schedule), a broadcast's (tree) or a
+    /// barrier's (peer_steps), in group ranks and offsets into the whole buffer.
     collectives::RingSchedule schedule;
+    TreeBroadcast tree;
     std::vector<PeerStep> peer_steps;
     size_t next_peer_step = 0;
     std::byte* data = nullptr;
@@ -271,7 +301,9 @@ class ProcAnchor final
       uint64_t slot_bytes = 0;
     };
     std::map<std::pair<uint64_t, uint64_t>, Early> early;  // ring: (seq, step) -> data before its turn
-    std::map<std::pair<uint64_t, uint32_t>, Early> early_from;  // tree: (seq, from rank) -> data
+    /// Broadcast and barrier: (seq, from rank, chunk) -> data that came
+    /// before the schedule got to it (a barrier's chunk is 0).
+    std::map<std::tuple<uint64_t, uint32_t, uint64_t>, Early> early_from;
   };
   struct Group {
     CollectiveGroup spec;
@@ -317,17 +349,31 @@ class ProcAnchor final
     Gpu gpu;
   };
 
+  /// Group `group` (unbroken), its local rank `rank`, and that rank's
+  /// collective `seq`: each null from the first that is not here (a
+  /// message for a released or broken group, a finished collective).
+  struct Found {
+    Group* group = nullptr;
+    LocalRank* rank = nullptr;
+    Op* op = nullptr;
+  };
+  Found find_live(const std::string& group, uint32_t rank, uint64_t seq);
   /// Starts the collective's current stage (in the arena, or between the
   /// engines), or answers it when there are none left.
   void advance(Group& g, uint32_t rank, uint64_t seq);
   /// In a ring net stage: sends what the pipeline allows, applies chunks
   /// that came early, and goes on to the next stage when done.
   void pump(Group& g, uint32_t rank, uint64_t seq);
-  /// The same for a tree net stage (broadcast, barrier): sends and receives
-  /// in schedule order.
+  /// The same for a barrier's net stage: sends and receives in schedule order.
   void pump_peers(Group& g, uint32_t rank, uint64_t seq);
-  /// Fills op's schedule (ring kinds) or peer_steps (tree kinds) for its
-  /// plan's net stage, in group ranks and offsets into the whole buffer.
+  /// The same for a broadcast's net stage: applies the parent's chunks that
+  /// are here (in order, acknowledging them), sends the children what their
+  /// windows allow, and goes on to the next stage when every chunk is here
+  /// and sent on.
+  void pump_tree(Group& g, uint32_t rank, uint64_t seq);
+  /// Fills op's schedule (ring kinds), tree (broadcast) or peer_steps
+  /// (barrier) for its plan's net stage, in group ranks and offsets into the
+  /// whole buffer.
   static void set_net_steps(Op& op, const collectives::Stage& stage, size_t chunk_elems);
   /// True while op is in its net stage (its chunks are applied only then).
   static bool in_net_stage(const Op& op);
