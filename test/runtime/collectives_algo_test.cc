@@ -732,9 +732,11 @@ TEST_CASE("tree: broadcast reaches every rank from any root in ceil(log2 n) roun
 }
 
 /// Rounds a pipelined broadcast of `chunks` chunks takes over `trees` (one
-/// BroadcastTree a rank, root `root`) when each rank sends one chunk a
-/// round, chunk by chunk and child by child within a chunk (the engine's
-/// order), and forwards a chunk the round after it came. Checks on the way
+/// BroadcastTree a rank, root `root`) when each rank's link sends one chunk
+/// a round, chunk by chunk and child by child within a chunk, and a chunk
+/// goes on the round after it came. (The engine sends child by child, as
+/// far as each one's window goes; on a link shared by the children that
+/// comes to the same rounds.) Checks on the way
 /// that every rank gets every chunk once, in order, from its parent, and
 /// only what its sender had.
 size_t pipelined_rounds(const std::vector<BroadcastTree>& trees, size_t root, size_t chunks) {

@@ -16,7 +16,7 @@
 // broadcast_tree), each chunk forwarded as soon as it is here, with at most
 // kTreeWindow chunks on an edge that the receiver has not acknowledged
 // (TreeAck): no single message of the whole buffer, and a receiver that
-// calls late holds a few chunks, not the buffer. A dead peer engine, or the group's deadline,
+// calls late holds a few chunks of each broadcast, not the buffer. A dead peer engine, or the group's deadline,
 // fails every collective in progress on the surviving ranks, and breaks the
 // group (and its arenas).
 #include <algorithm>
@@ -449,12 +449,46 @@ Deferred<void> ProcAnchor::handle(const Collective& m) {
   if (gpu) {
     gpu_progress(id);
   } else {
+    // What came before the call is checked now: some of it may be from a
+    // sender that this rank's plan never reads from (another kind, or a
+    // count that gives another broadcast shape), and would wait unread.
+    for (uint64_t seq : seqs) {
+      if (!g.broken.ok() || !parked_agree(g, lr->second, lr->second.ops.at(seq))) break;
+    }
     for (uint64_t seq : seqs) {
       if (!g.broken.ok()) break;
       advance(g, rank, seq);
     }
   }
   return reply;
+}
+
+bool ProcAnchor::parked_agree(Group& g, LocalRank& lr, const Op& op) {
+  for (auto it = lr.early.lower_bound({op.seq, 0}); it != lr.early.end() && it->first.first == op.seq; ++it) {
+    if (!agrees(g, op, it->second.signature, it->second.from)) return false;
+  }
+  for (auto it = lr.early_from.lower_bound({op.seq, 0, 0});
+       it != lr.early_from.end() && std::get<0>(it->first) == op.seq; ++it) {
+    if (!agrees(g, op, it->second.signature, it->second.from) || !expected_tree_chunk(g, op, it->second.from, std::get<2>(it->first))) {
+      return false;
+    }
+  }
+  return true;
+}
+
+bool ProcAnchor::expected_tree_chunk(Group& g, const Op& op, uint32_t from, uint64_t chunk) {
+  // A barrier's tokens come from its schedule's peers, checked as it goes.
+  if (op.kind != CollectiveKind::broadcast) return true;
+  const TreeBroadcast& t = op.tree;
+  if (t.parent == from && chunk < t.chunks.size()) return true;
+  break_group(g.spec.id, Status(ErrorCode::malformed, "collectives: group " + g.spec.id + ": rank " +
+                                                          std::to_string(from) + " sent chunk " + std::to_string(chunk) +
+                                                          " of " + op.what + ", which this rank takes " +
+                                                          (t.parent ? "from rank " + std::to_string(*t.parent) + " in " +
+                                                                          std::to_string(t.chunks.size()) + " chunks"
+                                                                    : std::string("from no one")) ),
+              /*tell_others=*/true);
+  return false;
 }
 
 size_t ProcAnchor::pipeline_pieces(const Group& g, CollectiveKind kind, size_t count, DType dtype) {
@@ -719,8 +753,10 @@ void ProcAnchor::pump_tree(Group& g, uint32_t rank, uint64_t seq) {
                   /*tell_others=*/true);
       return;
     }
-    std::memcpy(op.data + c.offset_elems * width, bytes.data(), bytes.size());
-    if (!bytes.empty()) ++g.counters.chunks_in_messages;
+    if (!bytes.empty()) {
+      std::memcpy(op.data + c.offset_elems * width, bytes.data(), bytes.size());
+      ++g.counters.chunks_in_messages;
+    }
     g.counters.bytes_in_messages += bytes.size();
     lr.early_from.erase(got);
     ++t.received;
@@ -752,14 +788,17 @@ void ProcAnchor::handle(const TreeAck& m) {
   auto [g, lr, op] = find_live(m.group, m.to_rank, m.seq);
   if (op == nullptr) return;  // done here already: its last chunks' acknowledgements
   TreeBroadcast& t = op->tree;
+  // Acknowledgements come only after chunks that agreed (signatures), so
+  // one from a rank that is not a child, or for more than was sent, is
+  // from a confused peer.
   auto child = std::find(t.children.begin(), t.children.end(), m.from_rank);
-  if (child == t.children.end()) return;  // not from a child of this rank's (a confused peer): nothing to open
-  size_t k = static_cast<size_t>(child - t.children.begin());
-  if (m.chunks > t.sent[k]) {
-    break_group(m.group, Status(ErrorCode::malformed, "collectives: group " + m.group + ": rank " +
-                                                          std::to_string(m.from_rank) + " acknowledged " +
-                                                          std::to_string(m.chunks) + " chunks of " + op->what +
-                                                          ", of " + std::to_string(t.sent[k]) + " sent"),
+  const size_t k = static_cast<size_t>(child - t.children.begin());
+  if (child == t.children.end() || m.chunks > t.sent[k]) {
+    break_group(m.group, Status(ErrorCode::malformed,
+                                "collectives: group " + m.group + ": rank " + std::to_string(m.from_rank) +
+                                    " acknowledged " + std::to_string(m.chunks) + " chunks of " + op->what + ", " +
+                                    (child == t.children.end() ? std::string("which this rank does not send it")
+                                                               : "of " + std::to_string(t.sent[k]) + " sent")),
                 /*tell_others=*/true);
     return;
   }
@@ -791,10 +830,17 @@ void ProcAnchor::handle(const RingChunk& m) {
   auto [gp, lr, op] = find_live(m.group, m.to_rank, m.seq);
   if (gp == nullptr) return;
   Group& g = *gp;
+  if (op == nullptr && m.seq < lr->next_seq) return;  // for a collective done here: no peer sends after that
+  // Checked on arrival (what came before the call is checked at the call,
+  // parked_agree): a rank in another collective (kind, count, ...) may send
+  // what this rank's plan would never read.
+  if (op != nullptr && !agrees(g, *op, m.signature, m.from_rank)) return;
   if (m.tree) {
+    if (op != nullptr && !expected_tree_chunk(g, *op, m.from_rank, m.step)) return;
     // Broadcast and barrier: by sender and chunk; applied when the schedule
-    // gets there. A broadcast's sender keeps at most kTreeWindow chunks
-    // unacknowledged, so this holds at most that many per sender.
+    // gets there. A broadcast's sender keeps at most kTreeWindow chunks of
+    // a collective unacknowledged, so this holds at most that many per
+    // sender and collective.
     lr->early_from[{m.seq, m.from_rank, m.step}] = LocalRank::Early{m.signature, m.from_rank, m.bytes, 0, 0};
     g.counters.most_tree_chunks_waiting = std::max<uint64_t>(g.counters.most_tree_chunks_waiting, lr->early_from.size());
     if (op == nullptr) return;

@@ -410,6 +410,12 @@ class ProcAnchor final
   /// False (and the group broken with a clear error) when rank `from` sent
   /// data for another collective than `op`.
   bool agrees(Group& g, const Op& op, uint64_t signature, uint32_t from);
+  /// agrees() for everything that came for `op` before it was called.
+  bool parked_agree(Group& g, LocalRank& lr, const Op& op);
+  /// False (and the group broken as malformed) when chunk `chunk` of
+  /// broadcast `op` came from another rank than its parent, or past its
+  /// last chunk; true for other kinds.
+  bool expected_tree_chunk(Group& g, const Op& op, uint32_t from, uint64_t chunk);
   /// Runs the group's collectives on CUDA memory: makes (or waits for) the
   /// communicator, enqueues the ops in order once it is up, and answers
   /// them when the GPU is done, polling every millisecond meanwhile.
