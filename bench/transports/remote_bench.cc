@@ -5,6 +5,7 @@
 //   ask round trip        vs 2 x ucp_am_lat one-way latency
 //   tell throughput       vs ucp_am_bw message rate
 //   remote-buffer reads   vs ucp_put_bw bandwidth
+//   large messages        vs the remote-buffer read of the same size
 // Both processes run one scheduler thread unless BENCH_THREADS says
 // otherwise: two processes on this 2-core machine, one core each, as
 // ucx_perftest runs.
@@ -20,6 +21,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <iostream>
+#include <map>
 #include <string>
 #include <thread>
 #include <vector>
@@ -213,7 +215,11 @@ int main(int argc, char** argv) {
     troupe::Runtime rt(cfg);
     auto echo = rt.resolve<Echo>(server.address + "/echo");
     if (!echo) return std::fprintf(stderr, "remote_bench: %s\n", echo.error().to_string().c_str()), 1;
+    // BENCH_REMOTE_LARGE_ONLY=1 skips the asks and small tells (for
+    // profiling the reads and large messages).
+    const bool large_only = std::getenv("BENCH_REMOTE_LARGE_ONLY") != nullptr;
     for (size_t size : {size_t{8}, size_t{4096}}) {
+      if (large_only) break;
       int n = quick ? 2000 : 20000;
       if (const char* asks = std::getenv("BENCH_ASKS")) n = std::atoi(asks);  // longer runs for profiling
       auto pinger = rt.spawn<Pinger>(size);
@@ -253,6 +259,7 @@ int main(int argc, char** argv) {
     auto region = echo->ask(GetRegion{}).get();
     if (!region) return std::fprintf(stderr, "remote_bench: %s\n", region.error().to_string().c_str()), 1;
     std::vector<char> local(kRegionBytes, 'l');
+    std::map<size_t, double> read_gbps;  // by MiB: the floor of the large messages below
     for (size_t mib : {size_t{1}, size_t{4}, size_t{16}, size_t{64}, size_t{256}}) {
       size_t bytes = mib << 20;
       int reps = static_cast<int>(std::max<size_t>(3, (quick ? 512 : 4096) / mib));
@@ -262,12 +269,38 @@ int main(int argc, char** argv) {
       auto t0 = std::chrono::steady_clock::now();
       for (int i = 0; i < reps; ++i) (void)region->read_into(local.data(), bytes, 0, 600s).get();
       double gbps = static_cast<double>(bytes) * reps / troupe::bench::seconds_since(t0) / 1e9;
+      read_gbps[mib] = gbps;
       // UCX's own TCP put is slow for large sizes: a few repetitions keep the
       // floor's run within ucx_perftest's time limit; bandwidth is an average.
       auto raw = ucx_perftest(c.raw_tls, "ucp_put_bw", bytes, std::min(reps, mib >= 16 ? 4 : reps), port++, 2);
       emit(std::string("remote.buffer_read_") + c.scheme + "_" + std::to_string(mib) + "MiB", "bandwidth", gbps,
            "GB/s", std::string("ucx_perftest ucp_put_bw ") + c.raw_name, raw.ok ? raw.bytes_per_s / 1e9 : 0,
            std::string(c.scheme) == "ucx" && mib >= 64 ? "ratio >= 0.85" : "report");
+    }
+
+    // Large messages: the same bytes carried in tells (encoded, framed,
+    // decoded), against the remote-buffer read of that size just measured.
+    // What a program that sends tensors as messages gets; troupe's own
+    // large transfers (weights, state, collectives' chunks of at most
+    // chunk_bytes) go by reads or in chunks.
+    for (size_t mib : {size_t{1}, size_t{4}, size_t{16}, size_t{64}}) {
+      size_t bytes = mib << 20;
+      int64_t count = static_cast<int64_t>(std::max<size_t>(4, (quick ? 256 : 1024) / mib));
+      std::string payload(bytes, 'm');
+      (void)echo->tell(Tick{payload});  // warm-up: buffers of this size on both sides
+      auto before = echo->ask(Total{}, 600s).get().value_or(0);
+      auto t0 = std::chrono::steady_clock::now();
+      for (int64_t i = 0; i < count; ++i) {
+        while (echo->tell(Tick{payload}).code() == troupe::ErrorCode::mailbox_full) std::this_thread::sleep_for(100us);
+      }
+      auto after = echo->ask(Total{}, 600s).get().value_or(0);
+      double secs = troupe::bench::seconds_since(t0);
+      if (after - before != count) {
+        std::fprintf(stderr, "remote_bench: %lld large messages lost\n", static_cast<long long>(count - (after - before)));
+      }
+      emit(std::string("remote.message_bandwidth_") + c.scheme + "_" + std::to_string(mib) + "MiB", "bandwidth",
+           static_cast<double>(bytes) * count / secs / 1e9, "GB/s", "remote-buffer read of the same size (this run)",
+           read_gbps[mib], "report");
     }
   }
   return 0;
