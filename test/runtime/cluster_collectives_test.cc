@@ -18,6 +18,7 @@
 #include <catch2/catch.hpp>
 
 #include "collectives/host_id.h"
+#include "collectives/ring.h"
 #include "mesh/proc_anchor.h"
 #include "support/local_cluster.h"
 #include "troupe/collective_buffer.h"
@@ -824,9 +825,11 @@ TEST_CASE("collectives: ranks that disagree on a collective all fail with a clea
   // ranks up the tree) may be done before the disagreement is found,
   // having sent, or received and passed on, every chunk: they hold the
   // root's buffer.
-  auto all_disagree = [&](const RunAllReduce& m, bool broadcast_done = false) {
-    auto r = c.mesh.call(m, 30s);
-    for (size_t i = 0; i < 8; ++i) {
+  auto all_disagree = [&](const RunAllReduce& m, bool broadcast_done = false,
+                          const troupe::ActorMesh<Reducer>* view = nullptr) {
+    auto r = (view != nullptr ? *view : c.mesh).call(m, 30s);
+    REQUIRE(r.size() == (view != nullptr ? view->size() : 8));
+    for (size_t i = 0; i < r.size(); ++i) {
       if (r[i].has_value()) {
         INFO("rank " << i << " succeeded");
         REQUIRE(broadcast_done);
@@ -845,9 +848,8 @@ TEST_CASE("collectives: ranks that disagree on a collective all fail with a clea
   };
   all_disagree(bad);
   // Between the engines, by message (4 KiB chunks: 40 of them for the
-  // others' broadcast): rank 7 calls an allreduce instead, or broadcasts
-  // fewer elements (one chunk: a shape of its own). Its sender's chunks
-  // are checked as they come, whether it called yet or not.
+  // others' broadcast): rank 7 calls an allreduce instead. Its sender's
+  // chunks are checked as they come, whether it called yet or not.
   c.give_groups(c.mesh, troupe::GroupOptions{.timeout = 60s, .shared_memory = false, .host_arena = false,
                                              .chunk_bytes = 4096});
   RunAllReduce broadcast{40'000, static_cast<uint8_t>(DType::float32), static_cast<uint8_t>(ReduceOp::sum),
@@ -856,9 +858,19 @@ TEST_CASE("collectives: ranks that disagree on a collective all fail with a clea
   all_disagree(broadcast, true);
   c.give_groups(c.mesh, troupe::GroupOptions{.timeout = 60s, .shared_memory = false, .host_arena = false,
                                              .chunk_bytes = 4096});
+  // On 7 ranks, rank 6 broadcasts fewer elements: one chunk, which it
+  // expects down the binomial tree from rank 4, while the others' 40 go
+  // down the chain, where rank 5 sends to it. The chunks it would never
+  // have read are checked all the same.
+  auto seven = c.mesh.flatten("members").range("members", 0, 7).value();
+  c.give_groups(seven, troupe::GroupOptions{.timeout = 60s, .shared_memory = false, .host_arena = false,
+                                            .chunk_bytes = 4096});
+  REQUIRE(troupe::collectives::broadcast_tree(7, 0, 6, 1).parent == 4u);
+  REQUIRE(troupe::collectives::broadcast_tree(7, 0, 6, 40).parent == 5u);
   broadcast.odd_kind = 255;
+  broadcast.odd_rank = 6;
   broadcast.odd_count = 1000;
-  all_disagree(broadcast, true);
+  all_disagree(broadcast, true, &seven);
 }
 
 TEST_CASE("collectives: a released group fails its collectives in progress and later ones, and frees its shared "
