@@ -54,6 +54,38 @@ struct Local {
   int x;
 };
 
+/// Large payloads as troupe::Bytes between two ordinary fields.
+struct Blobs {
+  Bytes big;
+  std::string tag;
+  Bytes small;
+  Bytes big2;
+  TROUPE_MESSAGE(Blobs, big, tag, small, big2);
+};
+/// Answers with the Bytes it was given (a reply with a large Bytes field).
+struct Mirror {
+  Bytes data;
+  TROUPE_MESSAGE(Mirror, data);
+};
+/// What a Service saw of a Blobs.
+struct BlobReport {
+  uint64_t big_sum = 0, small_sum = 0, big2_sum = 0;
+  uint64_t big_size = 0, small_size = 0, big2_size = 0;
+  std::string tag;
+  bool big_aligned = false, big2_aligned = false;
+  /// The two large fields are slices of one received frame (no copies).
+  bool bigs_share_storage = false;
+  TROUPE_FIELDS(big_sum, small_sum, big2_sum, big_size, small_size, big2_size, tag, big_aligned, big2_aligned,
+                bigs_share_storage);
+};
+/// A position-weighted checksum (catches reordered or shifted bytes).
+inline uint64_t weighted_sum(const Bytes& b) {
+  uint64_t total = 0;
+  for (size_t i = 0; i < b.size(); ++i) total += (i % 251 + 1) * static_cast<uint8_t>(b.data()[i]);
+  return total;
+}
+inline bool aligned16(const Bytes& b) { return reinterpret_cast<uintptr_t>(b.data()) % 16 == 0; }
+
 /// Order violations and count of Records seen, per sender FIFO.
 struct Tally {
   int violations = 0;
@@ -62,9 +94,16 @@ struct Tally {
   friend bool operator==(const Tally&, const Tally&) = default;
 };
 
-class Service : public Actor<Service, Echo, Sum, Record, Check, Nap, Boom, Quit, Local, Relay> {
+class Service : public Actor<Service, Echo, Sum, Record, Check, Nap, Boom, Quit, Local, Relay, Blobs, Mirror> {
  public:
   std::string handle(const Echo& e) { return "echo: " + e.text; }
+  BlobReport handle(const Blobs& b) {
+    return BlobReport{weighted_sum(b.big),  weighted_sum(b.small),  weighted_sum(b.big2),
+                      b.big.size(),         b.small.size(),         b.big2.size(),
+                      b.tag,                aligned16(b.big),       aligned16(b.big2),
+                      b.big.shares_storage_with(b.big2)};
+  }
+  Bytes handle(const Mirror& m) { return m.data; }
   Deferred<std::string> handle(const Relay& r) {
     auto reply = defer<std::string>();
     ask<std::string>(r.to, Echo{r.text}).then([reply](Result<std::string> s) mutable {

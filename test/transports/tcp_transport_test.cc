@@ -13,58 +13,17 @@
 
 #include <catch2/catch.hpp>
 
+#include "support/transport_recorder.h"
 #include "transport.h"
 
 using namespace std::chrono_literals;
 using namespace troupe::transport;
+using troupe::test::beat;
+using troupe::test::heartbeat;
+using troupe::test::Recorder;
 using troupe::ErrorCode;
 
 namespace {
-
-// Records what a transport reports; tests wait on it.
-struct Recorder {
-  std::mutex mu;
-  std::condition_variable cv;
-  std::vector<std::pair<PeerId, InFrame>> frames;
-  std::vector<PeerId> connected;
-  std::vector<std::pair<PeerId, troupe::Status>> lost;
-  std::vector<PeerId> activity;  // mid-frame signs of life
-
-  Events events() {
-    return Events{
-        [this](PeerId p, InFrame f) {
-          std::lock_guard<std::mutex> l(mu);
-          frames.emplace_back(p, std::move(f));
-          cv.notify_all();
-        },
-        [this](PeerId p, bool) {
-          std::lock_guard<std::mutex> l(mu);
-          connected.push_back(p);
-          cv.notify_all();
-        },
-        [this](PeerId p, troupe::Status s) {
-          std::lock_guard<std::mutex> l(mu);
-          lost.emplace_back(p, std::move(s));
-          cv.notify_all();
-        },
-        [this](PeerId p) {
-          std::lock_guard<std::mutex> l(mu);
-          activity.push_back(p);
-        },
-    };
-  }
-  template <class Pred>
-  bool wait(Pred pred, std::chrono::milliseconds t = 10s) {
-    std::unique_lock<std::mutex> l(mu);
-    return cv.wait_for(l, t, pred);
-  }
-};
-
-OutFrame heartbeat(uint64_t n, std::string payload = {}) {
-  return OutFrame{troupe::wire::encode(troupe::wire::Heartbeat{n}), std::move(payload)};
-}
-
-uint64_t beat(const InFrame& f) { return std::get<troupe::wire::Heartbeat>(f.message).time_us; }
 
 int raw_connect(uint16_t port) {
   int fd = socket(AF_INET, SOCK_STREAM, 0);

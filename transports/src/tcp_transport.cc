@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "log.h"
+#include "uninitialized.h"
 #include "progress_gate.h"
 #include "transport.h"
 
@@ -33,13 +34,18 @@ std::string errno_text(int err) { return std::strerror(err); }
 
 Status lost(const std::string& what) { return Status(ErrorCode::peer_lost, what); }
 
-/// A frame being written: prefix, header and payload, with a write offset.
+/// A frame being written: prefix, header and payload (with its splices),
+/// with a write offset.
 struct Pending {
   std::byte prefix[wire::kPrefixBytes];
   OutFrame frame;
-  size_t offset = 0;  // bytes of prefix+header+payload already written
-  size_t total() const { return wire::kPrefixBytes + frame.header.size() + frame.payload.size(); }
+  size_t payload_bytes = 0;  // frame.payload_bytes(), once
+  size_t offset = 0;         // bytes of prefix+header+payload already written
+  size_t total() const { return wire::kPrefixBytes + frame.header.size() + payload_bytes; }
 };
+
+/// Most pieces one sendmsg takes (a frame with more splices goes in several).
+constexpr int kMaxIov = 64;
 
 struct Conn {
   PeerId id = 0;
@@ -128,16 +134,18 @@ class TcpTransport final : public Transport {
   Status send(PeerId peer, OutFrame frame) override {
     std::shared_ptr<Conn> c = find(peer);
     if (!c) return lost("send: connection " + std::to_string(peer) + " is closed");
-    if (frame.header.size() > limits_.frame.max_header_bytes || frame.payload.size() > limits_.frame.max_payload_bytes) {
-      return Status(ErrorCode::invalid_argument, "send: frame of " + std::to_string(frame.payload.size()) +
+    size_t payload_bytes = frame.payload_bytes();
+    if (frame.header.size() > limits_.frame.max_header_bytes || payload_bytes > limits_.frame.max_payload_bytes) {
+      return Status(ErrorCode::invalid_argument, "send: frame of " + std::to_string(payload_bytes) +
                                                      " payload bytes exceeds max_frame_bytes (" +
                                                      std::to_string(limits_.frame.max_payload_bytes) + ")");
     }
     std::unique_lock<std::mutex> lock(c->out_mu);
     if (c->closed.load()) return lost("send: connection " + std::to_string(peer) + " is closed");
     Pending p;
-    wire::write_prefix(p.prefix, static_cast<uint32_t>(frame.header.size()), frame.payload.size());
+    wire::write_prefix(p.prefix, static_cast<uint32_t>(frame.header.size()), payload_bytes);
     p.frame = std::move(frame);
+    p.payload_bytes = payload_bytes;
     size_t bytes = p.total();
     if (c->queued_bytes + bytes > limits_.max_send_queue_bytes && !c->out.empty()) {
       return Status(ErrorCode::mailbox_full, "send: send queue to peer " + std::to_string(peer) + " holds " +
@@ -264,7 +272,7 @@ class TcpTransport final : public Transport {
   bool flush(Conn& c) {
     while (!c.out.empty()) {
       Pending& p = c.out.front();
-      iovec iov[3];
+      iovec iov[kMaxIov];
       int n = 0;
       size_t off = p.offset;
       auto add = [&](const void* data, size_t size) {
@@ -272,12 +280,13 @@ class TcpTransport final : public Transport {
           off -= size;
           return;
         }
+        if (n == kMaxIov) return;  // the rest goes in the next call
         iov[n++] = {const_cast<char*>(static_cast<const char*>(data)) + off, size - off};
         off = 0;
       };
       add(p.prefix, wire::kPrefixBytes);
       add(p.frame.header.data(), p.frame.header.size());
-      add(p.frame.payload.data(), p.frame.payload.size());
+      p.frame.for_each_piece(add);
       // sendmsg with MSG_NOSIGNAL, not writev: writing to a peer that has
       // gone must be an error here, not a SIGPIPE that kills this process.
       msghdr msg{};
@@ -434,7 +443,14 @@ class TcpTransport final : public Transport {
 
   void on_readable(const std::shared_ptr<Conn>& c, std::vector<std::byte>& buf) {
     for (;;) {
-      ssize_t r = ::read(c->fd, buf.data(), buf.size());
+      // Inside a large payload: read straight into it, not through `buf`
+      // (one copy fewer for every large frame).
+      size_t direct = payload_left(*c);
+      bool into_payload = direct >= buf.size();
+      char* dst = into_payload ? c->payload.data() + (c->body_got - c->current.header_bytes)
+                               : reinterpret_cast<char*>(buf.data());
+      size_t want = into_payload ? direct : buf.size();
+      ssize_t r = ::read(c->fd, dst, want);
       if (r == 0) {
         fail(c, lost("peer closed the connection"));
         return;
@@ -445,7 +461,12 @@ class TcpTransport final : public Transport {
         fail(c, lost("connection reset: " + errno_text(errno)));
         return;
       }
-      if (!consume(c, buf.data(), static_cast<size_t>(r))) return;
+      if (into_payload) {
+        c->body_got += static_cast<size_t>(r);
+        if (payload_left(*c) == 0 && !finish_frame(c)) return;
+      } else if (!consume(c, buf.data(), static_cast<size_t>(r))) {
+        return;
+      }
       if (c->prefix_got == wire::kPrefixBytes && events_.on_activity) {
         // In the middle of a frame: a large one can take longer than the
         // peer-death bound to arrive, and its sender is not dead.
@@ -455,8 +476,15 @@ class TcpTransport final : public Transport {
           events_.on_activity(c->id);
         }
       }
-      if (static_cast<size_t>(r) < buf.size()) return;
+      if (static_cast<size_t>(r) < want) return;
     }
+  }
+
+  /// Payload bytes of the current frame not yet read, once its header is
+  /// in (0 otherwise).
+  static size_t payload_left(const Conn& c) {
+    if (c.prefix_got < wire::kPrefixBytes || c.body_got < c.current.header_bytes) return 0;
+    return c.current.header_bytes + c.current.payload_bytes - c.body_got;
   }
 
   /// Feeds bytes into the connection's frame parser. False when the
@@ -474,7 +502,9 @@ class TcpTransport final : public Transport {
         if (!p) return reject(c, p.error());
         c->current = *p;
         c->header.resize(p->header_bytes);
-        c->payload.resize(p->payload_bytes);
+        // Not zeroed: every byte is written by the reads that follow.
+        detail::resize_uninitialized(c->payload, p->payload_bytes);
+        detail::advise_huge_pages(c->payload.data(), p->payload_bytes);
         c->body_got = 0;
       }
       size_t need = c->current.header_bytes + c->current.payload_bytes - c->body_got;
@@ -496,17 +526,23 @@ class TcpTransport final : public Transport {
       data += take;
       n -= take;
       if (c->body_got < c->current.header_bytes + c->current.payload_bytes) return true;
-      auto msg = wire::decode(std::span<const std::byte>(reinterpret_cast<const std::byte*>(c->header.data()),
-                                                         c->header.size()),
-                              limits_.frame);
-      c->prefix_got = 0;
-      if (!msg) return reject(c, msg.error());
-      InFrame f{std::move(*msg), std::move(c->payload)};
-      c->payload = std::string();
-      if (events_.on_frame) events_.on_frame(c->id, std::move(f));
-      if (c->closed.load()) return false;
+      if (!finish_frame(c)) return false;
     }
     return true;
+  }
+
+  /// The current frame is all in: decodes its header and hands it up.
+  /// False when the connection was closed (bad header, or by the handler).
+  bool finish_frame(const std::shared_ptr<Conn>& c) {
+    auto msg = wire::decode(std::span<const std::byte>(reinterpret_cast<const std::byte*>(c->header.data()),
+                                                       c->header.size()),
+                            limits_.frame);
+    c->prefix_got = 0;
+    if (!msg) return reject(c, msg.error());
+    InFrame f{std::move(*msg), std::move(c->payload)};
+    c->payload = std::string();
+    if (events_.on_frame) events_.on_frame(c->id, std::move(f));
+    return !c->closed.load();
   }
 
   bool reject(const std::shared_ptr<Conn>& c, const Status& why) {

@@ -25,6 +25,7 @@
 
 #include "bulk_copy.h"
 #include "log.h"
+#include "uninitialized.h"
 #include "progress_gate.h"
 #include "transport.h"
 
@@ -121,13 +122,19 @@ struct SendRequest {
   uint64_t tag = 0;  // the AM header of rendezvous frames
   PeerId peer = 0;   // set for frames counted in the connection's in_flight
   UcxTransport* self = nullptr;
-  /// Rendezvous frames: the payload stays in `data` untouched and the
-  /// header, its length and the tag follow from `tail`, as a two-part IOV,
-  /// so that a large payload is never copied (the short path that loses
-  /// IOV messages is an eager path; rendezvous never takes it).
+  /// Rendezvous frames: the payload stays in `data` untouched, its splices
+  /// (large Bytes fields) where they lie, and the header, its length and
+  /// the tag follow from `tail`: an IOV of the pieces, so that a large
+  /// payload is never copied (the short path that loses IOV messages is an
+  /// eager path; rendezvous never takes it).
   std::string tail{};
-  ucp_dt_iov_t iov[2]{};
-  size_t bytes() const { return data.size() + tail.size(); }
+  std::vector<codec::Splice> splices{};
+  std::vector<ucp_dt_iov_t> iov{};
+  size_t bytes() const {
+    size_t n = data.size() + tail.size();
+    for (const codec::Splice& s : splices) n += s.bytes.size();
+    return n;
+  }
 };
 
 // A batch: per frame u64 payload bytes, u64 header bytes, payload, header;
@@ -270,8 +277,9 @@ class UcxTransport final : public Transport {
   }
 
   Status send(PeerId peer, OutFrame frame) override {
-    if (frame.header.size() > limits_.frame.max_header_bytes || frame.payload.size() > limits_.frame.max_payload_bytes) {
-      return Status(ErrorCode::invalid_argument, "send: frame of " + std::to_string(frame.payload.size()) +
+    if (frame.header.size() > limits_.frame.max_header_bytes ||
+        frame.payload_bytes() > limits_.frame.max_payload_bytes) {
+      return Status(ErrorCode::invalid_argument, "send: frame of " + std::to_string(frame.payload_bytes()) +
                                                      " payload bytes exceeds max_frame_bytes (" +
                                                      std::to_string(limits_.frame.max_payload_bytes) + ")");
     }
@@ -299,7 +307,11 @@ class UcxTransport final : public Transport {
 
   /// REQUIRES: ep.mu held, remote tag known.
   Status post_locked(Ep& ep, OutFrame frame) {
-    size_t bytes = frame.payload.size() + frame.header.size() + 16;
+    size_t payload_bytes = frame.payload_bytes();
+    size_t bytes = payload_bytes + frame.header.size() + 16;
+    // Splices are worth a gather list only in a rendezvous frame; a smaller
+    // frame takes them into its one buffer.
+    if (bytes < kRendezvousBytes) frame.flatten();
     if (ep.in_flight_bytes + ep.batch.size() + bytes > limits_.max_send_queue_bytes && ep.in_flight > 0) {
       return Status(ErrorCode::mailbox_full, "send: " + std::to_string(ep.in_flight_bytes + ep.batch.size()) +
                                                  " bytes to peer " + std::to_string(ep.id) +
@@ -318,10 +330,11 @@ class UcxTransport final : public Transport {
     }
     if (Status s = flush_batch_locked(ep); !s.ok()) return s;  // what gathered goes first
     auto* req = new SendRequest{std::move(frame.payload), frame.header.size()};
+    req->splices = std::move(frame.splices);
     req->peer = ep.id;
     // Large frames: payload untouched, the rest in `tail` (no copy under
     // this lock, which heartbeats and other senders wait on).
-    bool rendezvous = req->data.size() + frame.header.size() + 16 >= kRendezvousBytes;
+    bool rendezvous = bytes >= kRendezvousBytes;
     std::string& rest = rendezvous ? req->tail : req->data;
     rest.append(frame.header);
     rest.append(reinterpret_cast<const char*>(&req->header_bytes), sizeof(req->header_bytes));
@@ -371,12 +384,13 @@ class UcxTransport final : public Transport {
     const void* buffer = req->data.data();
     size_t count = req->data.size();
     if (!req->tail.empty()) {
-      req->iov[0] = {req->data.data(), req->data.size()};
-      req->iov[1] = {req->tail.data(), req->tail.size()};
+      for_each_piece(req->data, req->splices,
+                     [&](const char* d, size_t n) { req->iov.push_back({const_cast<char*>(d), n}); });
+      req->iov.push_back({req->tail.data(), req->tail.size()});
       p.op_attr_mask |= UCP_OP_ATTR_FIELD_DATATYPE;
       p.datatype = ucp_dt_make_iov();
-      buffer = req->iov;
-      count = 2;
+      buffer = req->iov.data();
+      count = req->iov.size();
     }
     ucs_status_ptr_t r = ucp_am_send_nbx(handle, am, with_tag_header ? &req->tag : nullptr,
                                          with_tag_header ? sizeof(req->tag) : 0, buffer, count, &p);
@@ -863,7 +877,9 @@ class UcxTransport final : public Transport {
       // The announcement is a sign of life; the data may take a while.
       if (self->events_.on_activity) self->deferred_activity_.push_back(peer);
       auto arrival = std::make_shared<Arrival>();
-      arrival->data.resize(length);
+      // Not zeroed: UCX writes every byte.
+      detail::resize_uninitialized(arrival->data, length);
+      detail::advise_huge_pages(arrival->data.data(), length);
       self->arrivals_[peer].push_back(arrival);
       auto* req = new RecvRequest{self, peer, arrival};
       ucp_request_param_t p{};

@@ -13,6 +13,7 @@
 // remote actor fails with a message that says to add it.
 #pragma once
 
+#include <memory>
 #include <string>
 #include <string_view>
 
@@ -21,8 +22,10 @@
 
 namespace troupe::detail {
 
-/// Rebuilds a message from its encoded fields.
-using WireDecodeFn = bool (*)(std::string_view bytes, MessageBox* out, std::string* error);
+/// Rebuilds a message from its encoded fields; with `owner` (what keeps
+/// `bytes` alive), large Bytes fields are slices of it rather than copies.
+using WireDecodeFn = bool (*)(std::string_view bytes, const std::shared_ptr<const void>& owner, MessageBox* out,
+                              std::string* error);
 
 /// Registers a message type for decoding (called by TROUPE_MESSAGE at load
 /// time). A second type with the same wire id aborts with both names.
@@ -31,8 +34,9 @@ bool register_wire_type(uint64_t wire_id, std::string_view name, TypeKey key, Wi
 template <class T>
 bool register_wire_message() {
   return register_wire_type(codec::type_id(T::troupe_name()), T::troupe_name(), type_key<T>(),
-                            [](std::string_view bytes, MessageBox* out, std::string* error) {
-                              auto v = codec::decode<T>(bytes);
+                            [](std::string_view bytes, const std::shared_ptr<const void>& owner, MessageBox* out,
+                               std::string* error) {
+                              auto v = codec::decode<T>(bytes, owner);
                               if (!v) {
                                 *error = v.error().message();
                                 return false;

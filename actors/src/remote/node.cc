@@ -67,8 +67,11 @@ class RemoteReply final : public ReplyBase {
   void fail(Status status) override {
     if (auto n = node_.lock()) n->send_error(peer_, correlation_, status);
   }
-  void complete_bytes(std::string_view bytes) override {
-    if (auto n = node_.lock()) n->send_reply(peer_, correlation_, std::string(bytes));
+  void complete_bytes(std::string_view bytes, const std::shared_ptr<const void>&) override {
+    if (auto n = node_.lock()) n->send_reply(peer_, correlation_, std::string(bytes), {});
+  }
+  void complete_encoded(std::string body, std::vector<codec::Splice> splices) override {
+    if (auto n = node_.lock()) n->send_reply(peer_, correlation_, std::move(body), std::move(splices));
   }
 
  private:
@@ -106,7 +109,7 @@ bool decode_wire_message(uint64_t wire_id, std::string_view bytes, MessageBox* o
     *error = "message type id " + std::to_string(wire_id) + " is unknown";
     return false;
   }
-  return type->decode(bytes, out, error);
+  return type->decode(bytes, nullptr, out, error);
 }
 
 bool register_wire_type(uint64_t wire_id, std::string_view name, TypeKey key, WireDecodeFn decode) {
@@ -403,7 +406,8 @@ std::shared_ptr<Node::Peer> Node::peer_for(const std::string& address, Status* w
   return why->ok() ? peer : nullptr;
 }
 
-Status Node::send_frame(Peer& peer, const wire::Message& header, std::string payload) {
+Status Node::send_frame(Peer& peer, const wire::Message& header, std::string payload,
+                        std::vector<codec::Splice> splices) {
   std::lock_guard<std::mutex> lock(peer.send_mu);
   transport::OutFrame f;
   if (auto* env = std::get_if<wire::EnvelopeHeader>(&header)) {
@@ -414,6 +418,7 @@ Status Node::send_frame(Peer& peer, const wire::Message& header, std::string pay
     f.header = wire::encode(header);
   }
   f.payload = std::move(payload);
+  f.splices = std::move(splices);
   peer.last_send_us = now_us();
   Status s = transport_->send(peer.id, std::move(f));
   // The peer refused our hello and the connection closed after a caller
@@ -492,10 +497,11 @@ Status Node::send_envelope(Cell* proxy, Envelope&& env) {
     return s;
   };
   std::string payload;
+  std::vector<codec::Splice> splices;  // large Bytes fields: sent from where they lie
   bool encoded;
   {
     CodecScope scope(this);
-    encoded = env.box.encode(payload);
+    encoded = env.box.encode(payload, &splices);
   }
   if (!encoded) {
     return fail(Status(ErrorCode::invalid_argument,
@@ -514,7 +520,7 @@ Status Node::send_envelope(Cell* proxy, Envelope&& env) {
     std::lock_guard<std::mutex> lock(mu_);
     peer->asks.emplace(h.correlation, std::move(env.reply));
   }
-  Status s = send_frame(*peer, h, std::move(payload));
+  Status s = send_frame(*peer, h, std::move(payload), std::move(splices));
   if (!s.ok() && h.correlation != 0) {
     ReplyRef r;
     {
@@ -529,13 +535,14 @@ Status Node::send_envelope(Cell* proxy, Envelope&& env) {
   return s;
 }
 
-void Node::send_reply(transport::PeerId id, uint64_t correlation, std::string bytes) {
+void Node::send_reply(transport::PeerId id, uint64_t correlation, std::string bytes,
+                      std::vector<codec::Splice> splices) {
   auto peer = find_peer(id);
   if (!peer) return;  // the asker is gone; its ask already failed with peer_lost
   wire::EnvelopeHeader h;
   h.kind = wire::EnvelopeKind::reply;
   h.correlation = correlation;
-  (void)send_frame(*peer, h, std::move(bytes));
+  (void)send_frame(*peer, h, std::move(bytes), std::move(splices));
 }
 
 void Node::send_error(transport::PeerId id, uint64_t correlation, const Status& status) {
@@ -781,6 +788,15 @@ void Node::handle_frame(transport::PeerId id, transport::InFrame frame) {
 }
 
 void Node::on_envelope(const std::shared_ptr<Peer>& peer, const wire::EnvelopeHeader& h, std::string payload) {
+  // A payload large enough to hold a zero-copy Bytes field is kept in a
+  // shared owner, so that such fields decode to slices of it; smaller ones
+  // decode by copying (no allocation for the owner on the common path).
+  std::shared_ptr<const std::string> owner;
+  std::string_view bytes = payload;
+  if (payload.size() >= Bytes::kZeroCopyMinBytes) {
+    owner = std::make_shared<const std::string>(std::move(payload));
+    bytes = *owner;
+  }
   switch (h.kind) {
     case wire::EnvelopeKind::tell:
     case wire::EnvelopeKind::ask: {
@@ -804,7 +820,7 @@ void Node::on_envelope(const std::shared_ptr<Peer>& peer, const wire::EnvelopeHe
       bool decoded;
       {
         CodecScope scope(this);
-        decoded = type->decode(payload, &box, &problem);
+        decoded = type->decode(bytes, owner, &box, &problem);
       }
       if (!decoded) {
         refuse(ErrorCode::malformed, "message " + type->name + " could not be decoded: " + problem);
@@ -834,7 +850,7 @@ void Node::on_envelope(const std::shared_ptr<Peer>& peer, const wire::EnvelopeHe
       if (!r) return;
       if (h.kind == wire::EnvelopeKind::reply) {
         CodecScope scope(this);
-        r->complete_bytes(payload);
+        r->complete_bytes(bytes, owner);
       } else {
         auto code = static_cast<ErrorCode>(h.error_code);
         if (h.error_code == 0 || h.error_code > static_cast<uint8_t>(ErrorCode::storage)) code = ErrorCode::malformed;

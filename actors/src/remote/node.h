@@ -99,7 +99,7 @@ class Node : public std::enable_shared_from_this<Node> {
   bool ref_for(const std::string& address, uint64_t id, CellPtr* out, std::string* error);
 
   // Internal, used by RemoteReply.
-  void send_reply(transport::PeerId peer, uint64_t correlation, std::string bytes);
+  void send_reply(transport::PeerId peer, uint64_t correlation, std::string bytes, std::vector<codec::Splice> splices);
   void send_error(transport::PeerId peer, uint64_t correlation, const Status& status);
 
  private:
@@ -127,7 +127,8 @@ class Node : public std::enable_shared_from_this<Node> {
   };
 
   std::shared_ptr<Peer> peer_for(const std::string& address, Status* why);
-  Status send_frame(Peer& peer, const wire::Message& header, std::string payload);
+  Status send_frame(Peer& peer, const wire::Message& header, std::string payload,
+                    std::vector<codec::Splice> splices = {});
   std::shared_ptr<Peer> find_peer(transport::PeerId id);
   CellPtr proxy_for(const std::string& address, uint64_t id);
   CellPtr find_export(uint64_t id);

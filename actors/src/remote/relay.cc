@@ -63,7 +63,7 @@ namespace {
 class RetryReply final : public ReplyBase {
  public:
   RetryReply(std::shared_ptr<Relay::State> relay, ReplyRef asker, uint64_t seq, uint32_t attempt, uint64_t wire_id,
-             std::string bytes, InvokeFn invoke, CellPtr target)
+             std::string bytes, std::vector<codec::Splice> splices, InvokeFn invoke, CellPtr target)
       : ReplyBase(asker->value_type()),
         relay_(std::move(relay)),
         asker_(std::move(asker)),
@@ -71,6 +71,7 @@ class RetryReply final : public ReplyBase {
         attempt_(attempt),
         wire_id_(wire_id),
         bytes_(std::move(bytes)),
+        splices_(std::move(splices)),
         invoke_(invoke),
         target_(std::move(target)) {}
 
@@ -89,7 +90,7 @@ class RetryReply final : public ReplyBase {
     bool decoded = false;
     if (node) {
       CodecScope scope(node.get());
-      decoded = decode_wire_message(wire_id_, bytes_, &box, &problem);
+      decoded = decode_wire_message(wire_id_, codec::flatten(bytes_, splices_), &box, &problem);
     } else {
       problem = "the runtime has shut down";
     }
@@ -101,7 +102,12 @@ class RetryReply final : public ReplyBase {
     TROUPE_LOG(debug, "event=ask_retry seq={} attempt={} reason=\"{}\"", seq_, attempt_ + 1, status.message());
     (void)relay_->route(seq_, Envelope(std::move(box), invoke_, std::move(asker_)), attempt_ + 1);
   }
-  void complete_bytes(std::string_view bytes) override { asker_->complete_bytes(bytes); }
+  void complete_bytes(std::string_view bytes, const std::shared_ptr<const void>& owner) override {
+    asker_->complete_bytes(bytes, owner);
+  }
+  void complete_encoded(std::string body, std::vector<codec::Splice> splices) override {
+    asker_->complete_encoded(std::move(body), std::move(splices));
+  }
   void* codec_context() const override { return asker_->codec_context(); }
 
  private:
@@ -111,6 +117,7 @@ class RetryReply final : public ReplyBase {
   uint32_t attempt_;
   uint64_t wire_id_;
   std::string bytes_;
+  std::vector<codec::Splice> splices_;  // large Bytes fields, shared rather than copied
   InvokeFn invoke_;
   CellPtr target_;
 };
@@ -161,6 +168,7 @@ Status Relay::State::route(uint64_t seq, Envelope&& env, uint32_t attempt, bool 
   if (env.reply && max_retries > attempt) {
     // Keep the message's bytes: a retry rebuilds it for the next incarnation.
     std::string bytes;
+    std::vector<codec::Splice> splices;
     uint64_t wire_id = env.box.ops() ? env.box.ops()->wire_id : 0;
     std::shared_ptr<Node> n;
     {
@@ -175,11 +183,11 @@ Status Relay::State::route(uint64_t seq, Envelope&& env, uint32_t attempt, bool 
     bool encoded = false;
     if (wire_id != 0 && n) {
       CodecScope scope(n.get());
-      encoded = env.box.encode(bytes);
+      encoded = env.box.encode(bytes, &splices);
     }
     if (encoded) {
       ReplyRef wrapped(new RetryReply(shared_from_this(), std::move(env.reply), seq, attempt, wire_id,
-                                      std::move(bytes), env.invoke, to));
+                                      std::move(bytes), std::move(splices), env.invoke, to));
       env.reply = std::move(wrapped);
     }
   }

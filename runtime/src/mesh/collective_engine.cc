@@ -585,7 +585,7 @@ void ProcAnchor::net_done(Group& g, uint32_t rank, uint64_t seq) {
   advance(g, rank, seq);
 }
 
-bool ProcAnchor::apply(Group& g, uint32_t rank, Op& op, size_t step, uint32_t from, const std::string& bytes,
+bool ProcAnchor::apply(Group& g, uint32_t rank, Op& op, size_t step, uint32_t from, const troupe::Bytes& bytes,
                        uint32_t slot, uint64_t slot_bytes) {
   const collectives::RingStep& s = op.schedule.steps[step];
   size_t width = dtype_size(op.dtype);
@@ -637,7 +637,7 @@ ProcAnchor::TakenSlot ProcAnchor::take_slot(Group::Outbox& out) {
 }
 
 void ProcAnchor::send_step(Group& g, uint32_t rank, Op& op, uint32_t slot_number, uint64_t slot_bytes,
-                           std::string bytes) {
+                           troupe::Bytes bytes) {
   (void)g.engines[op.schedule.send_to].tell(RingChunk{g.spec.id, static_cast<uint32_t>(op.schedule.send_to), rank,
                                                       op.seq, op.next_send, false, op.signature, std::move(bytes),
                                                       slot_number, slot_bytes});
@@ -698,7 +698,7 @@ void ProcAnchor::pump(Group& g, uint32_t rank, uint64_t seq) {
         std::memcpy(to.at, src, bytes);
         send_step(g, rank, op, to.number, bytes);
       } else {
-        send_step(g, rank, op, 0, 0, std::string(reinterpret_cast<const char*>(src), bytes));
+        send_step(g, rank, op, 0, 0, troupe::Bytes::copy(src, bytes));
       }
       continue;
     }
@@ -743,7 +743,7 @@ void ProcAnchor::pump_tree(Group& g, uint32_t rank, uint64_t seq) {
     if (got == lr.early_from.end()) break;  // not here yet
     if (!agrees(g, op, got->second.signature, got->second.from)) return;
     const collectives::ElemRange& c = t.chunks[t.received];
-    const std::string& bytes = got->second.bytes;
+    const troupe::Bytes& bytes = got->second.bytes;
     if (bytes.size() != c.len_elems * width) {
       break_group(g.spec.id, Status(ErrorCode::malformed, "collectives: group " + g.spec.id + ": rank " +
                                                               std::to_string(*t.parent) + " sent " +
@@ -768,13 +768,20 @@ void ProcAnchor::pump_tree(Group& g, uint32_t rank, uint64_t seq) {
   // On to the children, as far as each one's window goes.
   const size_t have = t.parent ? t.received : t.chunks.size();
   bool all_sent = have == t.chunks.size();
+  // One copy of a chunk serves every child it goes to in this call.
+  std::map<size_t, troupe::Bytes> copies;
+  auto chunk_bytes = [&](size_t i) -> const troupe::Bytes& {
+    auto [it, fresh] = copies.try_emplace(i);
+    if (fresh) {
+      const collectives::ElemRange& c = t.chunks[i];
+      it->second = troupe::Bytes::copy(op.data + c.offset_elems * width, c.len_elems * width);
+    }
+    return it->second;
+  };
   for (size_t k = 0; k < t.children.size(); ++k) {
     while (t.sent[k] < have && t.sent[k] < t.acked[k] + kTreeWindow) {
-      const collectives::ElemRange& c = t.chunks[t.sent[k]];
-      (void)g.engines[t.children[k]].tell(
-          RingChunk{g.spec.id, t.children[k], rank, seq, t.sent[k], true, op.signature,
-                    std::string(reinterpret_cast<const char*>(op.data + c.offset_elems * width), c.len_elems * width),
-                    0, 0});
+      (void)g.engines[t.children[k]].tell(RingChunk{g.spec.id, t.children[k], rank, seq, t.sent[k], true,
+                                                    op.signature, chunk_bytes(t.sent[k]), 0, 0});
       ++t.sent[k];
     }
     all_sent = all_sent && t.sent[k] == t.chunks.size();

@@ -16,6 +16,7 @@
 #include <tuple>
 #include <vector>
 
+#include "troupe/bytes.h"
 #include "cluster/protocol.h"
 #include "collectives/arena_runner.h"
 #include "collectives/hierarchy.h"
@@ -128,9 +129,10 @@ struct RingChunk {
   /// What the sender was asked for (kind, count, type, op, root): ranks
   /// that disagree fail the collective with a clear error, not garbage.
   uint64_t signature = 0;
-  /// The data: in the message, or (slot > 0) `slot_bytes` bytes in slot
+  /// The data: in the message (Bytes: sent from where it lies, received
+  /// as a slice of the frame), or (slot > 0) `slot_bytes` bytes in slot
   /// `slot - 1` of the receiver's shared-memory segment (collectives/shm_slots.h).
-  std::string bytes;
+  troupe::Bytes bytes;
   uint32_t slot = 0;
   uint64_t slot_bytes = 0;
   TROUPE_MESSAGE_NAMED(RingChunk, "troupe.mesh.RingChunk", group, to_rank, from_rank, seq, step, tree, signature,
@@ -296,8 +298,8 @@ class ProcAnchor final
     struct Early {
       uint64_t signature = 0;
       uint32_t from = 0;
-      std::string bytes;
-      uint32_t slot = 0;  // as in RingChunk
+      troupe::Bytes bytes;  // shares the message's
+      uint32_t slot = 0;    // as in RingChunk
       uint64_t slot_bytes = 0;
     };
     std::map<std::pair<uint64_t, uint64_t>, Early> early;  // ring: (seq, step) -> data before its turn
@@ -384,7 +386,7 @@ class ProcAnchor final
   /// Applies step `step`'s data (reduces or copies it in), from the message
   /// or from a slot (which then goes back to its sender). False when the
   /// slot is not one of this rank's (the group is then broken).
-  bool apply(Group& g, uint32_t rank, Op& op, size_t step, uint32_t from, const std::string& bytes, uint32_t slot,
+  bool apply(Group& g, uint32_t rank, Op& op, size_t step, uint32_t from, const troupe::Bytes& bytes, uint32_t slot,
              uint64_t slot_bytes);
   /// Rank `to`'s slots, when a chunk of `bytes` from `rank` goes through
   /// them (nullptr: it goes in the message: empty, no slots offered by `to`,
@@ -399,7 +401,7 @@ class ProcAnchor final
   TakenSlot take_slot(Group::Outbox& out);
   /// Sends op's next step: its data already in slot `slot_number`
   /// (`slot_bytes` of it), or (slot_number 0) in `bytes`.
-  void send_step(Group& g, uint32_t rank, Op& op, uint32_t slot_number, uint64_t slot_bytes, std::string bytes = {});
+  void send_step(Group& g, uint32_t rank, Op& op, uint32_t slot_number, uint64_t slot_bytes, troupe::Bytes bytes = {});
   /// A reduce-scatter step's reduce written straight into a slot of the
   /// next rank as the send of step + C, when that send is next and its data
   /// is not needed here again: two reads and a write where reduce-then-copy

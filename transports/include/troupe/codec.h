@@ -7,11 +7,18 @@
 // u32-length-prefixed strings and sequences, fields in declaration order. It
 // is not self-describing; both sides must agree on the field list. Decoding
 // checks every length against the bytes left and fails cleanly.
+//
+// troupe::Bytes fields are a u32 length, zeros up to the next multiple of 16
+// bytes from the start of the encoding, then the bytes. A Writer given a
+// splice list records large ones there instead of copying them (the
+// transport sends them from where they lie); a Reader given the owner of its
+// buffer hands large ones out as slices of it (see bytes.h).
 #pragma once
 
 #include <cstdint>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <tuple>
@@ -21,14 +28,42 @@
 #include <utility>
 #include <vector>
 
+#include "troupe/bytes.h"
 #include "troupe/status.h"
 
 namespace troupe::codec {
 
+/// Bytes that belong at offset `at` of an encoded body but were not copied
+/// there: the encoding is the body with every splice inserted at its offset
+/// (offsets ascending).
+struct Splice {
+  size_t at = 0;
+  Bytes bytes;
+};
+
+/// The encoding a body and its splices stand for, as one string (a copy:
+/// for paths where the bytes are small or must be contiguous).
+inline std::string flatten(std::string body, const std::vector<Splice>& splices) {
+  if (splices.empty()) return body;
+  size_t total = body.size();
+  for (const Splice& s : splices) total += s.bytes.size();
+  std::string out;
+  out.reserve(total);
+  size_t from = 0;
+  for (const Splice& s : splices) {
+    out.append(body, from, s.at - from);
+    out.append(s.bytes.view());
+    from = s.at;
+  }
+  out.append(body, from, std::string::npos);
+  return out;
+}
+
 /// Appends encoded values to a byte string.
 class Writer {
  public:
-  explicit Writer(std::string& out) : out_(out) {}
+  /// With `splices`, large Bytes fields are recorded there, not copied.
+  explicit Writer(std::string& out, std::vector<Splice>* splices = nullptr) : out_(out), splices_(splices) {}
   void raw(const void* p, size_t n) { out_.append(static_cast<const char*>(p), n); }
   template <class T>
   void number(T v) {
@@ -36,16 +71,33 @@ class Writer {
     raw(&v, sizeof(T));  // little endian on every platform troupe runs on
   }
   void length(size_t n) { number(static_cast<uint32_t>(n)); }
+  /// Appends `b`'s bytes: by reference when this writer takes splices and
+  /// `b` is at least Bytes::kZeroCopyMinBytes, else copied.
+  void bytes(const Bytes& b) {
+    if (splices_ != nullptr && b.size() >= Bytes::kZeroCopyMinBytes) {
+      splices_->push_back({out_.size(), b});
+      spliced_ += b.size();
+    } else {
+      raw(b.data(), b.size());
+    }
+  }
+  /// Offset in the whole encoding (the body plus what was spliced).
+  size_t position() const { return out_.size() + spliced_; }
   std::string& out() { return out_; }
 
  private:
   std::string& out_;
+  std::vector<Splice>* splices_;
+  size_t spliced_ = 0;
 };
 
 /// Reads encoded values; the first failure sticks and says where.
 class Reader {
  public:
-  Reader(const char* data, size_t size) : p_(data), end_(data + size) {}
+  /// With `owner` (what keeps [data, data + size) alive), large Bytes
+  /// fields come out as slices of the buffer instead of copies.
+  Reader(const char* data, size_t size, std::shared_ptr<const void> owner = {})
+      : begin_(data), p_(data), end_(data + size), owner_(std::move(owner)) {}
   bool raw(void* dst, size_t n) {
     if (!need(n)) return false;
     std::memcpy(dst, p_, n);
@@ -73,6 +125,25 @@ class Reader {
     p_ += n;
     return true;
   }
+  /// `n` bytes as a Bytes: a slice of the buffer when the reader has its
+  /// owner and n >= Bytes::kZeroCopyMinBytes, else a copy.
+  bool bytes(Bytes& b, size_t n) {
+    if (!need(n)) return false;
+    b = owner_ && n >= Bytes::kZeroCopyMinBytes ? Bytes(owner_, p_, n) : Bytes::copy(p_, n);
+    p_ += n;
+    return true;
+  }
+  /// Skips `n` bytes that must be zero (padding).
+  bool zeros(size_t n) {
+    if (!need(n)) return false;
+    for (size_t i = 0; i < n; ++i) {
+      if (p_[i] != 0) return fail("padding byte " + std::to_string(i) + " is not zero");
+    }
+    p_ += n;
+    return true;
+  }
+  /// Offset from the start of the buffer.
+  size_t position() const { return static_cast<size_t>(p_ - begin_); }
   bool fail(std::string what) {
     if (ok_) {
       ok_ = false;
@@ -90,8 +161,10 @@ class Reader {
     if (static_cast<size_t>(end_ - p_) < n) return fail("truncated: needed " + std::to_string(n) + " bytes");
     return true;
   }
+  const char* begin_;
   const char* p_;
   const char* end_;
+  std::shared_ptr<const void> owner_;
   bool ok_ = true;
   std::string error_;
 };
@@ -167,6 +240,23 @@ struct Codec<std::string> {
   static bool read(Reader& r, std::string& s) {
     size_t n = 0;
     return r.length(n, 1) && r.bytes(s, n);
+  }
+};
+
+/// Bytes: u32 length, zeros to a multiple of Bytes::kAlignment from the
+/// start of the encoding, the bytes (spliced or sliced when large).
+template <>
+struct Codec<Bytes> {
+  static size_t padding(size_t position) { return (Bytes::kAlignment - position % Bytes::kAlignment) % Bytes::kAlignment; }
+  static void write(Writer& w, const Bytes& b) {
+    w.length(b.size());
+    static constexpr char kZeros[Bytes::kAlignment] = {};
+    w.raw(kZeros, padding(w.position()));
+    w.bytes(b);
+  }
+  static bool read(Reader& r, Bytes& b) {
+    size_t n = 0;
+    return r.length(n, 1) && r.zeros(padding(r.position())) && r.bytes(b, n);
   }
 };
 
@@ -297,10 +387,11 @@ std::string encode(const T& v) {
   return out;
 }
 
-/// Decodes a whole buffer into a T; trailing bytes are an error.
+/// Decodes a whole buffer into a T; trailing bytes are an error. With
+/// `owner` (what keeps `bytes` alive), large Bytes fields are slices of it.
 template <class T>
-Result<T> decode(std::string_view bytes) {
-  Reader r(bytes.data(), bytes.size());
+Result<T> decode(std::string_view bytes, std::shared_ptr<const void> owner = {}) {
+  Reader r(bytes.data(), bytes.size(), std::move(owner));
   T v{};
   if (!codec::read(r, v)) return error(ErrorCode::malformed, "codec: " + r.error());
   if (r.left() != 0) return error(ErrorCode::malformed, "codec: " + std::to_string(r.left()) + " trailing bytes");

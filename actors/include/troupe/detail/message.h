@@ -9,12 +9,14 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <new>
 #include <typeinfo>
 #include <string>
 #include <string_view>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "troupe/codec.h"
 #include "troupe/status.h"
@@ -60,8 +62,8 @@ struct BoxOps {
   /// Wire id (codec::type_id of its TROUPE_MESSAGE name); 0 when the type
   /// cannot leave the process.
   uint64_t wire_id;
-  /// Appends the encoded message; null when the type has no codec.
-  void (*encode)(const void* obj, std::string& out);
+  /// Writes the encoded message; null when the type has no codec.
+  void (*encode)(const void* obj, codec::Writer& w);
 };
 
 /// Message types declared with TROUPE_MESSAGE carry a name for the wire.
@@ -105,12 +107,9 @@ const BoxOps* box_ops() {
       }(),
       [] {
         if constexpr (WireMessage<T>) {
-          return +[](const void* obj, std::string& out) {
-            codec::Writer w(out);
-            codec::write(w, *static_cast<const T*>(obj));
-          };
+          return +[](const void* obj, codec::Writer& w) { codec::write(w, *static_cast<const T*>(obj)); };
         } else {
-          return static_cast<void (*)(const void*, std::string&)>(nullptr);
+          return static_cast<void (*)(const void*, codec::Writer&)>(nullptr);
         }
       }(),
   };
@@ -153,9 +152,12 @@ class MessageBox {
   TypeKey key() const { return ops_ ? ops_->key : nullptr; }
   const BoxOps* ops() const { return ops_; }
   /// Encodes the message for the wire; false when its type has no codec.
-  bool encode(std::string& out) const {
+  /// With `splices`, large Bytes fields are recorded there, not copied
+  /// into `out` (see codec::Writer).
+  bool encode(std::string& out, std::vector<codec::Splice>* splices = nullptr) const {
     if (!ops_ || !ops_->encode) return false;
-    ops_->encode(heap_ ? heap_ : static_cast<const void*>(buf_), out);
+    codec::Writer w(out, splices);
+    ops_->encode(heap_ ? heap_ : static_cast<const void*>(buf_), w);
     return true;
   }
   const std::string& type_name() const;
@@ -208,8 +210,16 @@ class ReplyBase {
   TypeKey value_type() const { return value_type_; }
   /// Completes the ask with an error.
   virtual void fail(Status status) = 0;
-  /// Completes the ask with an encoded reply (from another process).
-  virtual void complete_bytes(std::string_view bytes) = 0;
+  /// Completes the ask with an encoded reply (from another process). With
+  /// `owner` (what keeps `bytes` alive), large Bytes fields of the reply are
+  /// slices of it rather than copies.
+  virtual void complete_bytes(std::string_view bytes, const std::shared_ptr<const void>& owner) = 0;
+  /// Completes the ask with a reply encoded in this process, its large
+  /// Bytes fields as splices: a reply bound for another process sends them
+  /// from where they lie. By default they are copied into place.
+  virtual void complete_encoded(std::string body, std::vector<codec::Splice> splices) {
+    complete_bytes(codec::flatten(std::move(body), splices), nullptr);
+  }
   /// For replies bound for another process: the network node whose context
   /// encodes refs inside the reply (see codec_scope()).
   virtual void* codec_context() const { return nullptr; }
@@ -234,7 +244,7 @@ class ReplyTo : public ReplyBase {
   ReplyTo() : ReplyBase(type_key<R>()) {}
   virtual void complete(Result<R>&& r) = 0;
   void fail(Status status) final { complete(Result<R>(Unexpected{std::move(status)})); }
-  void complete_bytes(std::string_view bytes) final {
+  void complete_bytes(std::string_view bytes, const std::shared_ptr<const void>& owner) final {
     if constexpr (std::is_void_v<R>) {
       if (!bytes.empty()) {
         fail(Status(ErrorCode::type_mismatch, "ask: expected no reply value but the remote handler sent one"));
@@ -242,7 +252,7 @@ class ReplyTo : public ReplyBase {
       }
       complete(Result<void>());
     } else if constexpr (codec::Codable<R>) {
-      auto v = codec::decode<R>(bytes);
+      auto v = codec::decode<R>(bytes, owner);
       if (!v) {
         fail(Status(v.error().code(), "ask: the remote reply could not be decoded as " + type_name<R>() + ": " +
                                           v.error().message()));
@@ -301,10 +311,11 @@ template <class R, class V>
 void complete_remote_reply(ReplyRef& r, V&& value) {
   if constexpr (codec::Codable<std::remove_cvref_t<R>>) {
     std::string bytes;
+    std::vector<codec::Splice> splices;
     CodecScope scope(r->codec_context());
-    codec::Writer w(bytes);
+    codec::Writer w(bytes, &splices);
     codec::write(w, value);
-    r->complete_bytes(bytes);
+    r->complete_encoded(std::move(bytes), std::move(splices));
   } else {
     (void)value;
     r->fail(Status(ErrorCode::type_mismatch, "ask: the handler's reply type " + type_name<R>() +
@@ -335,7 +346,7 @@ void complete_reply_void(ReplyRef& reply) {
   if (!reply) return;
   ReplyRef r = std::move(reply);
   if (r->value_type() == type_key<AnyRemoteReply>()) {
-    r->complete_bytes({});
+    r->complete_bytes({}, nullptr);
     return;
   }
   if (r->value_type() != type_key<void>()) {
