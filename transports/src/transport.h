@@ -20,20 +20,6 @@ namespace troupe::transport {
 /// A connection, process-unique, never reused.
 using PeerId = uint64_t;
 
-/// Calls fn(data, size) for the pieces of `body` with `splices` inserted, in
-/// order: the body's runs between splices, and the splices (empty pieces
-/// left out).
-template <class Fn>
-void for_each_piece(const std::string& body, const std::vector<codec::Splice>& splices, Fn&& fn) {
-  size_t from = 0;
-  for (const codec::Splice& s : splices) {
-    if (s.at > from) fn(body.data() + from, s.at - from);
-    if (!s.bytes.empty()) fn(s.bytes.data(), s.bytes.size());
-    from = s.at;
-  }
-  if (body.size() > from) fn(body.data() + from, body.size() - from);
-}
-
 /// A frame on its way out: an encoded header (wire::encode) and its payload,
 /// which is `payload` with every splice's bytes inserted at its offset. The
 /// transport sends the splices from where they lie (a gather list), so large
@@ -50,10 +36,10 @@ struct OutFrame {
     return n;
   }
   /// Calls fn(data, size) for the payload's pieces in order (see
-  /// transport::for_each_piece).
+  /// codec::for_each_piece).
   template <class Fn>
   void for_each_piece(Fn&& fn) const {
-    transport::for_each_piece(payload, splices, std::forward<Fn>(fn));
+    codec::for_each_piece(payload, splices, std::forward<Fn>(fn));
   }
   /// Copies the splices into `payload` (for frames small enough that one
   /// copy costs less than a gather).

@@ -384,8 +384,8 @@ class UcxTransport final : public Transport {
     const void* buffer = req->data.data();
     size_t count = req->data.size();
     if (!req->tail.empty()) {
-      for_each_piece(req->data, req->splices,
-                     [&](const char* d, size_t n) { req->iov.push_back({const_cast<char*>(d), n}); });
+      codec::for_each_piece(req->data, req->splices,
+                            [&](const char* d, size_t n) { req->iov.push_back({const_cast<char*>(d), n}); });
       req->iov.push_back({req->tail.data(), req->tail.size()});
       p.op_attr_mask |= UCP_OP_ATTR_FIELD_DATATYPE;
       p.datatype = ucp_dt_make_iov();

@@ -41,6 +41,20 @@ struct Splice {
   Bytes bytes;
 };
 
+/// Calls fn(data, size) for the pieces of `body` with `splices` inserted, in
+/// order: the body's runs between splices, and the splices (empty pieces
+/// left out). What a transport's gather list is made of.
+template <class Fn>
+void for_each_piece(const std::string& body, const std::vector<Splice>& splices, Fn&& fn) {
+  size_t from = 0;
+  for (const Splice& s : splices) {
+    if (s.at > from) fn(body.data() + from, s.at - from);
+    if (!s.bytes.empty()) fn(s.bytes.data(), s.bytes.size());
+    from = s.at;
+  }
+  if (body.size() > from) fn(body.data() + from, body.size() - from);
+}
+
 /// The encoding a body and its splices stand for, as one string (a copy:
 /// for paths where the bytes are small or must be contiguous).
 inline std::string flatten(std::string body, const std::vector<Splice>& splices) {
@@ -49,13 +63,7 @@ inline std::string flatten(std::string body, const std::vector<Splice>& splices)
   for (const Splice& s : splices) total += s.bytes.size();
   std::string out;
   out.reserve(total);
-  size_t from = 0;
-  for (const Splice& s : splices) {
-    out.append(body, from, s.at - from);
-    out.append(s.bytes.view());
-    from = s.at;
-  }
-  out.append(body, from, std::string::npos);
+  for_each_piece(body, splices, [&](const char* p, size_t n) { out.append(p, n); });
   return out;
 }
 
