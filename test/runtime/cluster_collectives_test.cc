@@ -64,6 +64,15 @@ struct RunAtOnce {
   uint32_t copies = 0;
   TROUPE_MESSAGE_NAMED(RunAtOnce, "test.coll.RunAtOnce", count, copies);
 };
+/// Runs `times` broadcasts of `count` floats from `root`, one after
+/// another (broadcast k's values: the root's pattern + 1000 k), and answers
+/// how many elements came out wrong in all.
+struct RunBroadcasts {
+  uint64_t count = 0;
+  uint32_t times = 0;
+  uint32_t root = 0;
+  TROUPE_MESSAGE_NAMED(RunBroadcasts, "test.coll.RunBroadcasts", count, times, root);
+};
 struct MyPid {
   TROUPE_MESSAGE_NAMED(MyPid, "test.coll.MyPid");
 };
@@ -96,7 +105,8 @@ double pattern(uint32_t rank, size_t i) { return static_cast<double>((rank + 1) 
 
 double expected(DType dtype, ReduceOp op, uint32_t ranks, size_t i);
 
-class Reducer : public troupe::Actor<Reducer, SetGroup, RunAllReduce, RunAtOnce, MyPid, MyHost, ChunkCounts> {
+class Reducer
+    : public troupe::Actor<Reducer, SetGroup, RunAllReduce, RunAtOnce, RunBroadcasts, MyPid, MyHost, ChunkCounts> {
  public:
   void handle(const SetGroup& m) { group_ = m.group; }
   int64_t handle(const MyPid&) { return getpid(); }
@@ -149,6 +159,14 @@ class Reducer : public troupe::Actor<Reducer, SetGroup, RunAllReduce, RunAtOnce,
     return reply;
   }
 
+  troupe::Deferred<uint64_t> handle(const RunBroadcasts& m) {
+    auto reply = defer<uint64_t>();
+    auto buf = std::make_shared<std::vector<float>>();
+    auto wrong = std::make_shared<uint64_t>(0);
+    next_broadcast(m, 0, buf, wrong, reply);
+    return reply;
+  }
+
   troupe::Deferred<std::vector<double>> handle(const RunAllReduce& m) {
     auto reply = defer<std::vector<double>>();
     auto dtype = static_cast<DType>(m.dtype);
@@ -198,6 +216,25 @@ class Reducer : public troupe::Actor<Reducer, SetGroup, RunAllReduce, RunAtOnce,
   }
 
  private:
+  // RunBroadcasts' broadcast k, then the next once it is done.
+  void next_broadcast(const RunBroadcasts& m, uint32_t k, std::shared_ptr<std::vector<float>> buf,
+                      std::shared_ptr<uint64_t> wrong, troupe::Deferred<uint64_t> reply) {
+    if (k == m.times) return reply.complete(*wrong);
+    buf->assign(m.count, 0.0f);
+    if (group_.rank == m.root) {
+      for (size_t i = 0; i < m.count; ++i) (*buf)[i] = static_cast<float>(pattern(m.root, i) + 1000.0 * k);
+    }
+    ask<void>(group_.engine(self()),
+              troupe::Collective{group_.id, group_.rank, buf->data(), m.count, DType::float32, ReduceOp::sum,
+                                 troupe::CollectiveKind::broadcast, m.root},
+              60s)
+        .then([this, m, k, buf, wrong, reply](troupe::Result<void> r) mutable {
+          if (!r) return reply.fail(r.error());
+          for (size_t i = 0; i < m.count; ++i) *wrong += (*buf)[i] != static_cast<float>(pattern(m.root, i) + 1000.0 * k);
+          next_broadcast(m, k + 1, buf, wrong, reply);
+        });
+  }
+
   troupe::CollectiveGroup group_;
   std::vector<float> f32_;               // an ordinary buffer, or
   troupe::CollectiveBuffer shared_;      // one read in place by the host's other ranks
@@ -537,6 +574,58 @@ TEST_CASE("collectives: a broadcast of many chunks goes down the tree chunk by c
     CHECK(tree[r][1] == (r == 0 ? 40u : 0u));
     CHECK(tree[r][5] == (r == 0 ? kCount * 4 : 0u));
     CHECK(tree[r][4] == 1);  // one collective through the arenas and between the hosts
+  }
+}
+
+TEST_CASE("collectives: a rank that has not called holds at most four broadcast chunks, however many broadcasts "
+          "the others go on to: they wait for it",
+          "[cluster][collectives]") {
+  CollectiveCluster c;
+  auto ranks = members_of(c.mesh);
+  // One chunk a broadcast, by messages: without a window across
+  // collectives, rank 2's parent would finish all 40 and park 40 chunks in
+  // rank 2's process; with it, it parks four and waits (and the ranks
+  // before it, in turn, once it stops taking theirs).
+  c.give_groups(c.mesh, troupe::GroupOptions{.timeout = 120s, .shared_memory = false, .host_arena = false,
+                                             .chunk_bytes = 4096});
+  const RunBroadcasts many{1000, 40, 3};
+  auto waiting_at_2 = [&] {
+    auto counts = ranks[2].ask(ChunkCounts{}).get();
+    REQUIRE(counts.has_value());
+    return (*counts)[9];
+  };
+  std::vector<troupe::Future<uint64_t>> asked;
+  for (uint32_t r = 0; r < 8; ++r) {
+    if (r != 2) asked.push_back(ranks[r].ask(many, 60s));
+  }
+  auto deadline = std::chrono::steady_clock::now() + 30s;
+  while (waiting_at_2() < 4 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(10ms);  // polling another process's counters
+  }
+  REQUIRE(waiting_at_2() == 4);
+  // The claim is that nothing more comes: watched for two seconds, in which
+  // the 40 small broadcasts would otherwise all be sent (milliseconds each).
+  deadline = std::chrono::steady_clock::now() + 2s;
+  while (std::chrono::steady_clock::now() < deadline) {
+    REQUIRE(waiting_at_2() == 4);
+    std::this_thread::sleep_for(50ms);
+  }
+  // Nobody finished: rank 2's subtree waits for it, and the back-pressure
+  // reaches the root (three levels of four-chunk windows before broadcast 40).
+  for (auto& f : asked) CHECK_FALSE(f.ready());
+  asked.push_back(ranks[2].ask(many, 60s));
+  for (auto& f : asked) {
+    auto wrong = f.get();
+    INFO((wrong ? std::string("ok") : wrong.error().to_string()));
+    REQUIRE(wrong.has_value());
+    CHECK(*wrong == 0);
+  }
+  for (uint32_t r = 0; r < 8; ++r) {
+    INFO("rank " << r);
+    auto counts = ranks[r].ask(ChunkCounts{}).get();
+    REQUIRE(counts.has_value());
+    CHECK((*counts)[9] <= 4);
+    CHECK((*counts)[1] == (r == 3 ? 0u : 40u));  // each broadcast's chunk once, from its parent
   }
 }
 

@@ -15,10 +15,12 @@
 // of the same size down a binomial tree or a chain (collectives/ring.h's
 // broadcast_tree), each chunk forwarded as soon as it is here, with at most
 // kTreeWindow chunks on an edge that the receiver has not acknowledged
-// (TreeAck): no single message of the whole buffer, and a receiver that
-// calls late holds a few chunks of each broadcast, not the buffer. A dead peer engine, or the group's deadline,
-// fails every collective in progress on the surviving ranks, and breaks the
-// group (and its arenas).
+// (TreeAck), counted across collectives: no single message of the whole
+// buffer, and a receiver that calls late holds a few chunks in all, not
+// the buffer, nor a few of each of the broadcasts its senders went on to
+// (they wait for it past the window). A dead peer engine, or the group's
+// deadline, fails every collective in progress on the surviving ranks, and
+// breaks the group (and its arenas).
 #include <algorithm>
 #include <cstring>
 #include <thread>
@@ -408,7 +410,11 @@ Deferred<void> ProcAnchor::handle(const Collective& m) {
       op.plan = collectives::plan_collective(g.layout, m.rank, m.kind, part.len_elems, m.op, m.root);
       for (size_t k = 0; k < op.plan.stages.size(); ++k) {
         const collectives::Stage& stage = op.plan.stages[k];
-        if (stage.where == collectives::StageWhere::net) set_net_steps(op, stage, g.spec.chunk_bytes / width);
+        if (stage.where == collectives::StageWhere::net) {
+          set_net_steps(op, stage, g.spec.chunk_bytes / width);
+          // Its turn on each edge comes after the collectives called before.
+          for (uint32_t child : op.tree.children) lr->second.tree_edges[child].sending.insert(seq);
+        }
         if (stage.where == collectives::StageWhere::arena) arena_stages.back().push_back(k);
       }
     }
@@ -542,7 +548,6 @@ void ProcAnchor::set_net_steps(Op& op, const collectives::Stage& stage, size_t c
         op.tree.chunks.push_back(part.to_buffer(collectives::ring_segment(count, chunks, c)));
       }
       op.tree.sent.assign(op.tree.children.size(), 0);
-      op.tree.acked.assign(op.tree.children.size(), 0);
       break;
     }
     case CollectiveKind::barrier:
@@ -778,39 +783,68 @@ void ProcAnchor::pump_tree(Group& g, uint32_t rank, uint64_t seq) {
     }
     return it->second;
   };
+  std::vector<uint64_t> next;  // collectives whose turn on an edge comes now
   for (size_t k = 0; k < t.children.size(); ++k) {
-    while (t.sent[k] < have && t.sent[k] < t.acked[k] + kTreeWindow) {
+    TreeEdge& edge = lr.tree_edges[t.children[k]];
+    if (edge.sending.empty() || *edge.sending.begin() != seq) continue;  // an earlier collective's turn
+    while (t.sent[k] < have && edge.in_flight < kTreeWindow) {
       (void)g.engines[t.children[k]].tell(RingChunk{g.spec.id, t.children[k], rank, seq, t.sent[k], true,
                                                     op.signature, chunk_bytes(t.sent[k]), 0, 0});
       ++t.sent[k];
+      ++edge.unacked[seq].sent;
+      ++edge.in_flight;
+    }
+    if (t.sent[k] == t.chunks.size()) {
+      edge.sending.erase(seq);
+      if (!edge.sending.empty()) next.push_back(*edge.sending.begin());
     }
     all_sent = all_sent && t.sent[k] == t.chunks.size();
   }
   // The children's last acknowledgements are not waited for: every chunk
-  // is in a message by now, and the caller's buffer is its own again.
+  // is in a message by now, and the caller's buffer is its own again (the
+  // edges count them until they come).
   if (all_sent) net_done(g, rank, seq);
+  for (uint64_t later : next) {
+    if (!g.broken.ok()) return;
+    pump_tree(g, rank, later);
+  }
 }
 
 void ProcAnchor::handle(const TreeAck& m) {
   auto [g, lr, op] = find_live(m.group, m.to_rank, m.seq);
-  if (op == nullptr) return;  // done here already: its last chunks' acknowledgements
-  TreeBroadcast& t = op->tree;
-  // Acknowledgements come only after chunks that agreed (signatures), so
-  // one from a rank that is not a child, or for more than was sent, is
-  // from a confused peer.
-  auto child = std::find(t.children.begin(), t.children.end(), m.from_rank);
-  const size_t k = static_cast<size_t>(child - t.children.begin());
-  if (child == t.children.end() || m.chunks > t.sent[k]) {
+  if (g == nullptr) return;
+  auto edge = lr->tree_edges.find(m.from_rank);
+  TreeEdge::Sent* sent = nullptr;
+  if (edge != lr->tree_edges.end()) {
+    auto it = edge->second.unacked.find(m.seq);
+    if (it != edge->second.unacked.end()) sent = &it->second;
+  }
+  if (sent == nullptr || m.chunks > sent->sent) {
+    // A collective done here whose chunks were all acknowledged: a repeat.
+    if (op == nullptr) return;
+    // Acknowledgements come only after chunks that agreed (signatures), so
+    // one from a rank that is not a child, or for more than was sent, is
+    // from a confused peer.
+    const TreeBroadcast& t = op->tree;
+    auto child = std::find(t.children.begin(), t.children.end(), m.from_rank);
     break_group(m.group, Status(ErrorCode::malformed,
                                 "collectives: group " + m.group + ": rank " + std::to_string(m.from_rank) +
                                     " acknowledged " + std::to_string(m.chunks) + " chunks of " + op->what + ", " +
-                                    (child == t.children.end() ? std::string("which this rank does not send it")
-                                                               : "of " + std::to_string(t.sent[k]) + " sent")),
+                                    (child == t.children.end()
+                                         ? std::string("which this rank does not send it")
+                                         : "of " + std::to_string(sent ? sent->sent : 0) + " sent")),
                 /*tell_others=*/true);
     return;
   }
-  t.acked[k] = std::max<size_t>(t.acked[k], m.chunks);
-  pump_tree(*g, m.to_rank, m.seq);
+  TreeEdge& e = edge->second;
+  if (m.chunks > sent->acked) {
+    e.in_flight -= m.chunks - sent->acked;
+    sent->acked = m.chunks;
+  }
+  if (sent->acked == sent->sent && !e.sending.count(m.seq)) e.unacked.erase(m.seq);
+  // The window has room again: for whichever collective's turn it is on
+  // this edge (this one's, or a later one's once this one sent all).
+  if (!e.sending.empty()) pump_tree(*g, m.to_rank, *e.sending.begin());
 }
 
 void ProcAnchor::finish(Group& g, uint32_t rank, uint64_t seq) {
@@ -845,9 +879,9 @@ void ProcAnchor::handle(const RingChunk& m) {
   if (m.tree) {
     if (op != nullptr && !expected_tree_chunk(g, *op, m.from_rank, m.step)) return;
     // Broadcast and barrier: by sender and chunk; applied when the schedule
-    // gets there. A broadcast's sender keeps at most kTreeWindow chunks of
-    // a collective unacknowledged, so this holds at most that many per
-    // sender and collective.
+    // gets there. A broadcast's sender keeps at most kTreeWindow chunks
+    // unacknowledged on its edge to this rank (TreeEdge), so this holds at
+    // most that many per sender, whichever collectives they are of.
     lr->early_from[{m.seq, m.from_rank, m.step}] = LocalRank::Early{m.signature, m.from_rank, m.bytes, 0, 0};
     g.counters.most_tree_chunks_waiting = std::max<uint64_t>(g.counters.most_tree_chunks_waiting, lr->early_from.size());
     if (op == nullptr) return;
@@ -910,6 +944,7 @@ void ProcAnchor::break_group(const std::string& id, Status why, bool tell_others
     lr.ops.clear();
     lr.early.clear();
     lr.early_from.clear();
+    lr.tree_edges.clear();
   }
   for (MonitorId m : g.monitors) demonitor(m);
   g.monitors.clear();

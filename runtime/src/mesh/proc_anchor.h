@@ -243,15 +243,33 @@ class ProcAnchor final
   };
   /// A broadcast's net stage: the buffer in chunks, each received from the
   /// parent in order and sent on to every child as soon as it is here
-  /// (collectives/ring.h's broadcast_tree), at most kTreeWindow chunks
-  /// unacknowledged on each edge.
+  /// (collectives/ring.h's broadcast_tree), within its edges' windows
+  /// (LocalRank::tree_edges).
   struct TreeBroadcast {
     std::optional<uint32_t> parent;   // group rank; none for the net root
     std::vector<uint32_t> children;   // group ranks
     std::vector<collectives::ElemRange> chunks;  // in the whole buffer
     size_t received = 0;              // chunks from the parent applied
     std::vector<size_t> sent;         // by child: chunks sent
-    std::vector<size_t> acked;        // by child: chunks it has applied (TreeAck)
+  };
+  /// A rank's edge to a child of its broadcasts, across collectives: at
+  /// most kTreeWindow chunks on it that the child has not acknowledged
+  /// (TreeAck), whichever collectives they are of. So a child that has not
+  /// called yet holds a few chunks in all, not a few of each broadcast the
+  /// senders finished without it: past the window, their next broadcast
+  /// waits for it (as NCCL's sends wait for the receiver's buffer). A
+  /// collective's chunks go on the edge only after every earlier one's
+  /// (`sending`): the child applies them in that order, so the window
+  /// always drains once the child calls, and no later broadcast takes the
+  /// credits an earlier one needs.
+  struct TreeEdge {
+    std::set<uint64_t> sending;  // collectives with chunks still to send on it
+    struct Sent {
+      size_t sent = 0;
+      size_t acked = 0;
+    };
+    std::map<uint64_t, Sent> unacked;  // by collective: chunks on the edge, until all are acknowledged
+    size_t in_flight = 0;              // sum of sent - acked over `unacked`
   };
   /// One collective in progress for one local rank.
   struct Op {
@@ -306,6 +324,7 @@ class ProcAnchor final
     /// Broadcast and barrier: (seq, from rank, chunk) -> data that came
     /// before the schedule got to it (a barrier's chunk is 0).
     std::map<std::tuple<uint64_t, uint32_t, uint64_t>, Early> early_from;
+    std::map<uint32_t, TreeEdge> tree_edges;  // by child rank
   };
   struct Group {
     CollectiveGroup spec;
