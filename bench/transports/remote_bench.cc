@@ -311,7 +311,29 @@ int main(int argc, char** argv) {
       }
       return static_cast<double>(bytes) * count / secs / 1e9;
     };
-    for (size_t mib : {size_t{1}, size_t{4}, size_t{16}, size_t{64}}) {
+    // One at a time (an ask each, as the reads go): the receiver's buffer
+    // of the last frame is back before the next comes, so this row shows
+    // the frames' own cost without a pipeline's memory (receive_pool.h;
+    // TROUPE_RECEIVE_POOL_MIB=0 turns the pool off to compare).
+    auto run_asks = [&](size_t mib) {
+      size_t bytes = mib << 20;
+      int reps = static_cast<int>(std::max<size_t>(3, (quick ? 512 : 4096) / mib));
+      Chunk message{troupe::Bytes(std::string(bytes, 'm'))};
+      (void)echo->ask(message, 600s).get();  // warm-up
+      auto t0 = std::chrono::steady_clock::now();
+      for (int i = 0; i < reps; ++i) {
+        if (auto r = echo->ask(message, 600s).get(); !r) {
+          std::fprintf(stderr, "remote_bench: %s\n", r.error().to_string().c_str());
+          return 0.0;
+        }
+      }
+      return static_cast<double>(bytes) * reps / troupe::bench::seconds_since(t0) / 1e9;
+    };
+    std::vector<size_t> large_mib{1, 4, 16, 64};
+    if (const char* e = std::getenv("BENCH_REMOTE_LARGE_MIB")) large_mib = {std::stoul(e)};  // one size (profiling)
+    for (size_t mib : large_mib) {
+      emit(std::string("remote.message_ask_bytes_") + c.scheme + "_" + std::to_string(mib) + "MiB", "bandwidth",
+           run_asks(mib), "GB/s", "remote-buffer read of the same size (this run)", read_gbps[mib], "report");
       double as_string = run_large(mib, [](size_t n) { return Tick{std::string(n, 'm')}; });
       emit(std::string("remote.message_bandwidth_") + c.scheme + "_" + std::to_string(mib) + "MiB", "bandwidth",
            as_string, "GB/s", "remote-buffer read of the same size (this run)", read_gbps[mib], "report");

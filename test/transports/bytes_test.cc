@@ -9,6 +9,8 @@
 
 #include <catch2/catch.hpp>
 
+#include "receive_pool.h"
+
 #include "support/peer_process.h"
 #include "support/remote_actors.h"
 #include "support/transport_recorder.h"
@@ -189,6 +191,41 @@ TEST_CASE("bytes: a message with large Bytes fields reaches another process inta
     CHECK(*back == b.big);
     if (size > 0) CHECK(aligned16(*back));
   }
+}
+
+TEST_CASE("bytes: a large frame's receive buffer serves a later frame once its last slice is dropped, never "
+          "while one lives, on both transports",
+          "[remote][ucx]") {
+  std::string scheme = GENERATE(as<std::string>{}, "tcp", "ucx");
+  INFO("transport " << scheme);
+  PeerProcess peer("test-token", scheme);
+  troupe::Runtime client(test_config(scheme, false));
+  auto remote = client.resolve<Service>(peer.address() + "/service").value();
+  Bytes sent = pattern(size_t{5} << 20, 7);
+  troupe::detail::drain_receive_pool();
+  const auto start = troupe::detail::receive_pool_stats();
+  // Each reply is a slice of its frame's buffer (docs/transports.md): the
+  // first is held while the second comes, so the second cannot reuse it.
+  auto first = remote.ask(Mirror{sent}, 60s).get();
+  REQUIRE(first.has_value());
+  auto second = remote.ask(Mirror{sent}, 60s).get();
+  REQUIRE(second.has_value());
+  CHECK_FALSE(first->shares_storage_with(*second));
+  CHECK(*first == sent);
+  CHECK(*second == sent);
+  CHECK(troupe::detail::receive_pool_stats().reused == start.reused);
+  const char* first_at = first->data();
+  const char* second_at = second->data();
+  // Dropped: both buffers go back, and the next reply lands in one of them.
+  first = troupe::Result<Bytes>(Bytes());
+  second = troupe::Result<Bytes>(Bytes());
+  CHECK(troupe::detail::receive_pool_stats().kept == 2);
+  auto third = remote.ask(Mirror{sent}, 60s).get();
+  REQUIRE(third.has_value());
+  CHECK(*third == sent);
+  CHECK(troupe::detail::receive_pool_stats().reused == start.reused + 1);
+  // The same storage, at the same place in the frame.
+  CHECK((third->data() == first_at || third->data() == second_at));
 }
 
 TEST_CASE("bytes: within a process a Bytes field is shared, not copied", "[remote]") {

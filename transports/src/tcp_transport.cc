@@ -22,7 +22,7 @@
 #include <vector>
 
 #include "log.h"
-#include "uninitialized.h"
+#include "receive_pool.h"
 #include "progress_gate.h"
 #include "transport.h"
 
@@ -502,9 +502,9 @@ class TcpTransport final : public Transport {
         if (!p) return reject(c, p.error());
         c->current = *p;
         c->header.resize(p->header_bytes);
-        // Not zeroed: every byte is written by the reads that follow.
-        detail::resize_uninitialized(c->payload, p->payload_bytes);
-        detail::advise_huge_pages(c->payload.data(), p->payload_bytes);
+        // Not zeroed: every byte is written by the reads that follow; a
+        // large one's pages come from an earlier frame's when one is back.
+        c->payload = detail::take_receive_buffer(p->payload_bytes);
         c->body_got = 0;
       }
       size_t need = c->current.header_bytes + c->current.payload_bytes - c->body_got;

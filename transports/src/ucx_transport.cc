@@ -25,7 +25,7 @@
 
 #include "bulk_copy.h"
 #include "log.h"
-#include "uninitialized.h"
+#include "receive_pool.h"
 #include "progress_gate.h"
 #include "transport.h"
 
@@ -877,9 +877,9 @@ class UcxTransport final : public Transport {
       // The announcement is a sign of life; the data may take a while.
       if (self->events_.on_activity) self->deferred_activity_.push_back(peer);
       auto arrival = std::make_shared<Arrival>();
-      // Not zeroed: UCX writes every byte.
-      detail::resize_uninitialized(arrival->data, length);
-      detail::advise_huge_pages(arrival->data.data(), length);
+      // Not zeroed: UCX writes every byte; a large one's pages come from
+      // an earlier frame's when one is back.
+      arrival->data = detail::take_receive_buffer(length);
       self->arrivals_[peer].push_back(arrival);
       auto* req = new RecvRequest{self, peer, arrival};
       ucp_request_param_t p{};

@@ -12,6 +12,7 @@
 
 #include "cell.h"
 #include "log.h"
+#include "receive_pool.h"
 #include "runtime_impl.h"
 #include "troupe/future.h"
 #include "troupe/message.h"
@@ -745,13 +746,14 @@ void Node::handle_frame(transport::PeerId id, transport::InFrame frame) {
                 error_text = s.message();
               }
             } else {
-              bytes.resize(m.length);
+              bytes = detail::take_receive_buffer(m.length);  // written over whole: not zeroed
               if (Status s = cuda::copy(bytes.data(), it->second.data + m.offset, m.length); !s.ok()) {
                 error_text = s.message();
                 bytes.clear();
               }
             }
           }
+          detail::give_receive_buffer(std::move(frame.payload));  // a write's bytes are in place now
           (void)send_frame(*peer, wire::RegionResponse{m.correlation, error_text}, std::move(bytes));
         } else if constexpr (std::is_same_v<T, wire::RegionResponse>) {
           PendingRegionOp op;
@@ -775,6 +777,7 @@ void Node::handle_frame(transport::PeerId id, transport::InFrame frame) {
           } else {
             st->complete(Result<void>());
           }
+          detail::give_receive_buffer(std::move(frame.payload));  // a read's bytes are in place now
         } else if constexpr (std::is_same_v<T, wire::Goodbye>) {
           peer->leaving = true;
           transport_->close(id, "the peer left (" + m.reason + ")");
@@ -791,10 +794,15 @@ void Node::on_envelope(const std::shared_ptr<Peer>& peer, const wire::EnvelopeHe
   // A payload large enough to hold a zero-copy Bytes field is kept in a
   // shared owner, so that such fields decode to slices of it; smaller ones
   // decode by copying (no allocation for the owner on the common path).
+  // The last of the owner's holders gives its buffer back to the
+  // transports for a later frame (receive_pool.h).
   std::shared_ptr<const std::string> owner;
   std::string_view bytes = payload;
   if (payload.size() >= Bytes::kZeroCopyMinBytes) {
-    owner = std::make_shared<const std::string>(std::move(payload));
+    owner = std::shared_ptr<const std::string>(new std::string(std::move(payload)), [](const std::string* s) {
+      detail::give_receive_buffer(std::move(*const_cast<std::string*>(s)));
+      delete s;
+    });
     bytes = *owner;
   }
   switch (h.kind) {
