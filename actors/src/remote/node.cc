@@ -68,7 +68,7 @@ class RemoteReply final : public ReplyBase {
   void fail(Status status) override {
     if (auto n = node_.lock()) n->send_error(peer_, correlation_, status);
   }
-  void complete_bytes(std::string_view bytes, const std::shared_ptr<const void>&) override {
+  void complete_bytes(std::string_view bytes, std::shared_ptr<const void>) override {
     if (auto n = node_.lock()) n->send_reply(peer_, correlation_, std::string(bytes), {});
   }
   void complete_encoded(std::string body, std::vector<codec::Splice> splices) override {
@@ -858,7 +858,7 @@ void Node::on_envelope(const std::shared_ptr<Peer>& peer, const wire::EnvelopeHe
       if (!r) return;
       if (h.kind == wire::EnvelopeKind::reply) {
         CodecScope scope(this);
-        r->complete_bytes(bytes, owner);
+        r->complete_bytes(bytes, std::move(owner));  // `bytes` lives as long as complete_bytes reads it
       } else {
         auto code = static_cast<ErrorCode>(h.error_code);
         if (h.error_code == 0 || h.error_code > static_cast<uint8_t>(ErrorCode::storage)) code = ErrorCode::malformed;

@@ -102,8 +102,8 @@ class RetryReply final : public ReplyBase {
     TROUPE_LOG(debug, "event=ask_retry seq={} attempt={} reason=\"{}\"", seq_, attempt_ + 1, status.message());
     (void)relay_->route(seq_, Envelope(std::move(box), invoke_, std::move(asker_)), attempt_ + 1);
   }
-  void complete_bytes(std::string_view bytes, const std::shared_ptr<const void>& owner) override {
-    asker_->complete_bytes(bytes, owner);
+  void complete_bytes(std::string_view bytes, std::shared_ptr<const void> owner) override {
+    asker_->complete_bytes(bytes, std::move(owner));
   }
   void complete_encoded(std::string body, std::vector<codec::Splice> splices) override {
     asker_->complete_encoded(std::move(body), std::move(splices));

@@ -212,8 +212,10 @@ class ReplyBase {
   virtual void fail(Status status) = 0;
   /// Completes the ask with an encoded reply (from another process). With
   /// `owner` (what keeps `bytes` alive), large Bytes fields of the reply are
-  /// slices of it rather than copies.
-  virtual void complete_bytes(std::string_view bytes, const std::shared_ptr<const void>& owner) = 0;
+  /// slices of it rather than copies. Taken by value and dropped before the
+  /// asker is woken, so that the asker's slices are then the frame's only
+  /// holders: dropping them gives its buffer back (receive_pool.h).
+  virtual void complete_bytes(std::string_view bytes, std::shared_ptr<const void> owner) = 0;
   /// Completes the ask with a reply encoded in this process, its large
   /// Bytes fields as splices: a reply bound for another process sends them
   /// from where they lie. By default they are copied into place.
@@ -244,7 +246,7 @@ class ReplyTo : public ReplyBase {
   ReplyTo() : ReplyBase(type_key<R>()) {}
   virtual void complete(Result<R>&& r) = 0;
   void fail(Status status) final { complete(Result<R>(Unexpected{std::move(status)})); }
-  void complete_bytes(std::string_view bytes, const std::shared_ptr<const void>& owner) final {
+  void complete_bytes(std::string_view bytes, std::shared_ptr<const void> owner) final {
     if constexpr (std::is_void_v<R>) {
       if (!bytes.empty()) {
         fail(Status(ErrorCode::type_mismatch, "ask: expected no reply value but the remote handler sent one"));
@@ -253,6 +255,7 @@ class ReplyTo : public ReplyBase {
       complete(Result<void>());
     } else if constexpr (codec::Codable<R>) {
       auto v = codec::decode<R>(bytes, owner);
+      owner.reset();  // `bytes` is not read past here
       if (!v) {
         fail(Status(v.error().code(), "ask: the remote reply could not be decoded as " + type_name<R>() + ": " +
                                           v.error().message()));
