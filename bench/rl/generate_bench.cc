@@ -10,7 +10,9 @@
 //   OpenBLAS sgemm GFLOP/s at that shape, against the achieved GFLOP/s of
 //   the whole decode (2 flops per parameter per token plus attention),
 //   batch-invariant (one matrix-vector product per row, the default) and
-//   not (one BLAS product for the 64 rows).
+//   not (one BLAS product for the 64 rows);
+// - the batch-invariant product alone (model/kernels.h), C -> 4C at 1 row
+//   and at 64, against sgemv and sgemm of the same shape.
 #include <cblas.h>
 
 #include <chrono>
@@ -21,6 +23,8 @@
 #include "../common/blas.h"
 #include "../common/report.h"
 #include "model/generate.h"
+#include "model/kernels.h"
+#include "model/threads.h"
 
 using troupe::bench::emit;
 using troupe::bench::quantile;
@@ -55,6 +59,42 @@ double sgemv_pass_seconds(const Gpt<float>& m, int reps) {
     best = std::min(best, seconds_since(t0));
   }
   return best;
+}
+
+// Best-of-`reps` GFLOP/s of `product` (2 N C OC flops).
+template <typename F>
+double product_gflops(size_t N, size_t C, size_t OC, int reps, F&& product) {
+  const int calls = static_cast<int>(std::max<size_t>(1, (size_t{1} << 26) / (N * C * OC)));
+  double best = 0;
+  for (int r = 0; r < reps; ++r) {
+    auto t0 = Clock::now();
+    for (int i = 0; i < calls; ++i) product();
+    best = std::max(best, 2.0 * static_cast<double>(N * C * OC) * calls / seconds_since(t0) / 1e9);
+  }
+  return best;
+}
+
+// The batch-invariant product C -> OC alone, at N rows, against BLAS at
+// the same shape (sgemv for one row, sgemm for more), both on every core.
+void bench_product(size_t N, size_t C, size_t OC, int reps) {
+  std::vector<float> in(N * C, 0.5f), w(OC * C, 0.25f), bias(OC, 0.125f), out(N * OC);
+  const double invariant = product_gflops(N, C, OC, reps, [&] {
+    matmul_forward_invariant(out.data(), in.data(), w.data(), bias.data(), N, C, OC);
+  });
+  openblas_set_num_threads(static_cast<int>(compute_threads()));
+  const double blas = product_gflops(N, C, OC, reps, [&] {
+    if (N == 1) {
+      cblas_sgemv(CblasRowMajor, CblasNoTrans, static_cast<int>(OC), static_cast<int>(C), 1.0f, w.data(),
+                  static_cast<int>(C), in.data(), 1, 0.0f, out.data(), 1);
+    } else {
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(N), static_cast<int>(OC),
+                  static_cast<int>(C), 1.0f, in.data(), static_cast<int>(C), w.data(), static_cast<int>(C), 0.0f,
+                  out.data(), static_cast<int>(OC));
+    }
+  });
+  const std::string shape = std::to_string(N) + "x" + std::to_string(C) + "x" + std::to_string(OC);
+  emit("rl.model_cpu_generate", "invariant_product_gflops_" + shape, invariant, "GFLOP/s",
+       std::string(N == 1 ? "OpenBLAS sgemv" : "OpenBLAS sgemm") + ", same shape, this run", blas, "report");
 }
 
 }  // namespace
@@ -116,5 +156,6 @@ int main(int argc, char** argv) {
            "report");
     }
   }
+  for (size_t rows : {size_t{1}, size_t{64}}) bench_product(rows, cfg.channels, 4 * cfg.channels, quick ? 3 : 10);
   return 0;
 }

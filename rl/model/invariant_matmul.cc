@@ -23,7 +23,8 @@ using V16 = float __attribute__((vector_size(64)));
 using V8 = float __attribute__((vector_size(32)));
 using V4 = float __attribute__((vector_size(16)));
 constexpr size_t kLanes = 16;
-constexpr size_t kRows = 4;  // rows a thread takes at once
+constexpr size_t kRows = 4;   // rows a thread takes at once
+constexpr size_t kPanel = 4;  // outputs a thread takes at once (every ISA's block width divides it)
 
 // Vectors go by reference: passing 64-byte vectors by value is
 // ABI-dependent on the target.
@@ -108,33 +109,36 @@ template <size_t R, size_t J, typename VR>
   }
 }
 
-// Rows [n0, n0 + rows) in blocks of RB rows x JB outputs (an edge block
-// has fewer of either; each element's operations are the same in any).
+// Outputs [j_begin, j_end) of R rows from n0, in blocks of JB outputs (an
+// edge block has fewer; each element's operations are the same in any).
 template <size_t R, size_t JB, typename VR>
 [[gnu::always_inline]] inline void row_block(float* out, const float* inp, const float* weight, const float* bias,
-                                             size_t C, size_t OC, size_t n0) {
-  size_t j0 = 0;
-  for (; j0 + JB <= OC; j0 += JB) block<R, JB, VR>(out, inp, weight, bias, C, OC, n0, j0);
+                                             size_t C, size_t OC, size_t n0, size_t j_begin, size_t j_end) {
+  size_t j0 = j_begin;
+  for (; j0 + JB <= j_end; j0 += JB) block<R, JB, VR>(out, inp, weight, bias, C, OC, n0, j0);
   if constexpr (JB > 1) {
-    if (OC - j0 == 1) block<R, 1, VR>(out, inp, weight, bias, C, OC, n0, j0);
+    if (j_end - j0 == 1) block<R, 1, VR>(out, inp, weight, bias, C, OC, n0, j0);
   }
   if constexpr (JB > 2) {
-    if (OC - j0 == 2) block<R, 2, VR>(out, inp, weight, bias, C, OC, n0, j0);
+    if (j_end - j0 == 2) block<R, 2, VR>(out, inp, weight, bias, C, OC, n0, j0);
   }
   if constexpr (JB > 3) {
-    if (OC - j0 == 3) block<R, 3, VR>(out, inp, weight, bias, C, OC, n0, j0);
+    if (j_end - j0 == 3) block<R, 3, VR>(out, inp, weight, bias, C, OC, n0, j0);
   }
 }
 
+// Rows [n0, n0 + rows) x outputs [j_begin, j_end), in blocks of RB rows x
+// JB outputs.
 template <size_t RB, size_t JB, typename VR>
 [[gnu::always_inline]] inline void rows_shaped(float* out, const float* inp, const float* weight, const float* bias,
-                                               size_t C, size_t OC, size_t n0, size_t rows) {
+                                               size_t C, size_t OC, size_t n0, size_t rows, size_t j_begin,
+                                               size_t j_end) {
   for (size_t n = n0; n < n0 + rows; n += RB) {
     switch (std::min(RB, n0 + rows - n)) {
-      case 1: row_block<1, JB, VR>(out, inp, weight, bias, C, OC, n); break;
-      case 2: if constexpr (RB >= 2) row_block<2, JB, VR>(out, inp, weight, bias, C, OC, n); break;
-      case 3: if constexpr (RB >= 3) row_block<3, JB, VR>(out, inp, weight, bias, C, OC, n); break;
-      default: if constexpr (RB >= 4) row_block<4, JB, VR>(out, inp, weight, bias, C, OC, n); break;
+      case 1: row_block<1, JB, VR>(out, inp, weight, bias, C, OC, n, j_begin, j_end); break;
+      case 2: if constexpr (RB >= 2) row_block<2, JB, VR>(out, inp, weight, bias, C, OC, n, j_begin, j_end); break;
+      case 3: if constexpr (RB >= 3) row_block<3, JB, VR>(out, inp, weight, bias, C, OC, n, j_begin, j_end); break;
+      default: if constexpr (RB >= 4) row_block<4, JB, VR>(out, inp, weight, bias, C, OC, n, j_begin, j_end); break;
     }
   }
 }
@@ -144,20 +148,21 @@ template <size_t RB, size_t JB, typename VR>
 // registers, 2 x 2; SSE2, 4-lane, 1 x 2 (AVX-512's block on AVX2 spilled:
 // 25 GFLOP/s against 141 on a 64x256x1024 product). Neither changes any
 // element's operations: every ISA gives the same bits (checked).
-using RowsFn = void (*)(float*, const float*, const float*, const float*, size_t, size_t, size_t, size_t);
+using RowsFn = void (*)(float*, const float*, const float*, const float*, size_t, size_t, size_t, size_t, size_t,
+                        size_t);
 __attribute__((target("arch=x86-64-v4"))) void rows_v4(float* out, const float* inp, const float* weight,
                                                        const float* bias, size_t C, size_t OC, size_t n0,
-                                                       size_t rows) {
-  rows_shaped<4, 4, V16>(out, inp, weight, bias, C, OC, n0, rows);
+                                                       size_t rows, size_t j_begin, size_t j_end) {
+  rows_shaped<4, 4, V16>(out, inp, weight, bias, C, OC, n0, rows, j_begin, j_end);
 }
 __attribute__((target("arch=x86-64-v3"))) void rows_v3(float* out, const float* inp, const float* weight,
                                                        const float* bias, size_t C, size_t OC, size_t n0,
-                                                       size_t rows) {
-  rows_shaped<2, 2, V8>(out, inp, weight, bias, C, OC, n0, rows);
+                                                       size_t rows, size_t j_begin, size_t j_end) {
+  rows_shaped<2, 2, V8>(out, inp, weight, bias, C, OC, n0, rows, j_begin, j_end);
 }
 void rows_baseline(float* out, const float* inp, const float* weight, const float* bias, size_t C, size_t OC,
-                   size_t n0, size_t rows) {
-  rows_shaped<1, 2, V4>(out, inp, weight, bias, C, OC, n0, rows);
+                   size_t n0, size_t rows, size_t j_begin, size_t j_end) {
+  rows_shaped<1, 2, V4>(out, inp, weight, bias, C, OC, n0, rows, j_begin, j_end);
 }
 RowsFn pick_rows() {
   if (__builtin_cpu_supports("x86-64-v4")) return rows_v4;
@@ -170,15 +175,25 @@ RowsFn pick_rows() {
 namespace {
 void product(RowsFn rows, float* out, const float* inp, const float* weight, const float* bias, size_t N, size_t C,
              size_t OC) {
+  // Threads take whole row blocks, or, when there are fewer blocks than
+  // threads (a decode of a few rows), whole panels of outputs of every row:
+  // each element's operations are the same in any range. A range is worth
+  // a thread from ~128K multiply-adds.
   const size_t blocks = (N + kRows - 1) / kRows;
-  // Threads take whole row blocks (each element's operations are the same
-  // in any block); a block is worth a thread from ~128K multiply-adds.
-  const size_t grain = std::max<size_t>(1, (size_t{1} << 17) / std::max<size_t>(1, kRows * C * OC));
-  parallel_for(blocks, grain, [&](size_t b0, size_t b1) {
-    for (size_t b = b0; b < b1; ++b) {
-      const size_t n0 = b * kRows;
-      rows(out, inp, weight, bias, C, OC, n0, std::min(kRows, N - n0));
-    }
+  if (blocks >= compute_threads()) {
+    const size_t grain = std::max<size_t>(1, (size_t{1} << 17) / std::max<size_t>(1, kRows * C * OC));
+    parallel_for(blocks, grain, [&](size_t b0, size_t b1) {
+      for (size_t b = b0; b < b1; ++b) {
+        const size_t n0 = b * kRows;
+        rows(out, inp, weight, bias, C, OC, n0, std::min(kRows, N - n0), 0, OC);
+      }
+    });
+    return;
+  }
+  const size_t panels = (OC + kPanel - 1) / kPanel;
+  const size_t grain = std::max<size_t>(1, (size_t{1} << 17) / std::max<size_t>(1, kPanel * C * N));
+  parallel_for(panels, grain, [&](size_t p0, size_t p1) {
+    rows(out, inp, weight, bias, C, OC, 0, N, p0 * kPanel, std::min(OC, p1 * kPanel));
   });
 }
 }  // namespace
