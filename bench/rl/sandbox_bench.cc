@@ -1,6 +1,8 @@
 // The code sandbox's cost per run (rl/reward/sandbox.h): a trivial Python
 // program (`pass`) run in a sandbox, serially, against the floor of plain
 // fork + exec + wait of the same interpreter and arguments in the same run;
+// the same sandbox without its memory cgroup (memory_cgroup.h), for what
+// the cgroup costs;
 // and code_rewards' throughput (one sandbox per completion, the harness, the
 // completion's tests) at 2 at a time, against twice the plain rate.
 // Needs root, like the sandbox.
@@ -55,21 +57,33 @@ int main(int argc, char** argv) {
     return 1;
   }
   const std::vector<std::string> python = {std::string(reward::kPython), "-I", "-S", "-B", "-c", "pass"};
-  std::vector<double> sandboxed, plain;
+  const troupe::Status cgroup = reward::sandbox_memory_cgroup_available();
+  if (!cgroup.ok()) {
+    std::fprintf(stderr, "sandbox bench: runs without a memory cgroup: %s\n", cgroup.to_string().c_str());
+  }
+  reward::SandboxLimits no_cgroup;
+  no_cgroup.total_memory_bytes = 0;
+  std::vector<double> sandboxed, without_cgroup, plain;
+  // In turn, so that the three see the same machine.
   for (int i = 0; i < runs; ++i) {
     plain.push_back(plain_run_seconds(python));
-    const auto t0 = Clock::now();
-    auto r = reward::run_sandboxed({.argv = python, .files = {}, .stdin_data = {}}, {});
-    const double seconds = seconds_since(t0);
-    if (!r || !r->succeeded()) {
-      std::fprintf(stderr, "sandbox bench: a sandboxed run failed: %s\n",
-                   r ? r->err.c_str() : r.error().to_string().c_str());
-      return 1;
+    for (auto* limits : {&no_cgroup, static_cast<reward::SandboxLimits*>(nullptr)}) {
+      const auto t0 = Clock::now();
+      auto r = reward::run_sandboxed({.argv = python, .files = {}, .stdin_data = {}},
+                                     limits != nullptr ? *limits : reward::SandboxLimits{});
+      const double seconds = seconds_since(t0);
+      if (!r || !r->succeeded()) {
+        std::fprintf(stderr, "sandbox bench: a sandboxed run failed: %s\n",
+                     r ? r->err.c_str() : r.error().to_string().c_str());
+        return 1;
+      }
+      (limits != nullptr ? without_cgroup : sandboxed).push_back(seconds);
     }
-    sandboxed.push_back(seconds);
   }
   const double sandbox_ms = quantile(sandboxed, 0.5) * 1e3, plain_ms = quantile(plain, 0.5) * 1e3;
   emit("sandbox", "python_pass_run_p50", sandbox_ms, "ms", "fork_exec_python_p50", plain_ms, "< 2x fork+exec");
+  emit("sandbox", "python_pass_run_no_memory_cgroup_p50", quantile(without_cgroup, 0.5) * 1e3, "ms",
+       "fork_exec_python_p50", plain_ms, "");
 
   // code_reward: 2 sandboxes at a time over a batch of reference answers.
   auto problems = tasks::CodeTask::make({}, 1).value().take(static_cast<size_t>(runs));

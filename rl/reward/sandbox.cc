@@ -23,10 +23,12 @@
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "reward/memory_cgroup.h"
 #include "reward/seccomp_filter.h"
 
 #ifndef P_PIDFD
@@ -73,6 +75,7 @@ constexpr size_t kGuardBytes = 4096;
 
 /// Where the sandbox's setup failed.
 enum class Stage : int32_t {
+  kCgroup,
   kUserMaps,
   kFds,
   kMountPrivate,
@@ -121,6 +124,8 @@ struct ChildPlan {
   size_t file_count;
   const char* tmpfs_options;
   int stdin_fd, out_fd, err_fd, report_fd, parent_pidfd;
+  /// The run's memory cgroup's cgroup.procs (memory_cgroup.h), or -1.
+  int cgroup_procs_fd;
   uint32_t uid;
   /// A caller that is not root: the sandbox is in a user namespace of its
   /// own, where `uid` (and the same gid) is the caller's, mapped by these
@@ -213,6 +218,11 @@ int sandbox_child(void* arg) {
   struct sigaction dfl {};
   dfl.sa_handler = SIG_DFL;
   for (int sig = 1; sig < NSIG; ++sig) sigaction(sig, &dfl, nullptr);  // glibc's own are refused: fine
+
+  // Into the run's memory cgroup first, so that all it makes is counted
+  // there (the files included) and every process it starts is born there.
+  // "0" is the writer, whatever its pid in its own namespace.
+  if (plan.cgroup_procs_fd >= 0 && write(plan.cgroup_procs_fd, "0", 1) != 1) fail(report_fd, Stage::kCgroup);
 
   // In a user namespace of its own, this process is the caller's uid as
   // `plan.uid`; until the maps are written it is nobody there.
@@ -375,6 +385,9 @@ std::string stage_error(Stage stage, int err, const SandboxRun& run, uint32_t ui
                                                    "the host's root"
                                              : "";
   switch (stage) {
+    case Stage::kCgroup:
+      return "sandbox: joining the run's memory cgroup failed: " + why +
+             "; set TROUPE_SANDBOX_CGROUP to a cgroup this process may manage, or to off for the rlimits alone";
     case Stage::kUserMaps:
       return "sandbox: mapping this user into the sandbox's user namespace failed: " + why +
              (err == EACCES || err == EPERM
@@ -523,6 +536,10 @@ Status SandboxLimits::validate() const {
   if (max_processes < 1 || max_processes > 4096) {
     return bad("max_processes is " + std::to_string(max_processes) + "; need 1 <= max_processes <= 4096");
   }
+  if (total_memory_bytes != 0 && total_memory_bytes < (16ull << 20)) {
+    return bad("total_memory_bytes is " + std::to_string(total_memory_bytes) +
+               "; need 0 (no memory cgroup) or at least 16 MiB (python needs ~20 MiB)");
+  }
   if (output_bytes > (1ull << 30)) {
     return bad("output_bytes is " + std::to_string(output_bytes) + "; need output_bytes <= 1 GiB");
   }
@@ -565,6 +582,20 @@ Result<SandboxResult> run_sandboxed(const SandboxRun& run, const SandboxLimits& 
   for (int fd : {out_read.get(), err_read.get(), report_read.get()}) fcntl(fd, F_SETFL, O_NONBLOCK);
   Fd parent_pidfd(static_cast<int>(syscall(SYS_pidfd_open, getpid(), 0)));
   if (parent_pidfd.get() < 0) return os_error("pidfd_open (Linux 5.3+)");
+  // Removed (rmdir) when this returns, after every process of the run is
+  // gone and its counters are read.
+  std::optional<MemoryCgroup> cgroup;
+  if (limits.total_memory_bytes != 0) {
+    auto parent = sandbox_cgroup_parent();
+    auto made = parent ? MemoryCgroup::make(*parent, limits.total_memory_bytes)
+                       : Result<MemoryCgroup>(error(parent.error()));
+    if (made) {
+      cgroup.emplace(std::move(*made));
+    } else if (limits.require_memory_cgroup) {
+      return error(ErrorCode::unsupported, made.error().message() +
+                                               " (or run without it: SandboxLimits::require_memory_cgroup = false)");
+    }
+  }
 
   // Everything the child reads, built here: it may not allocate.
   std::vector<char*> argv;
@@ -606,6 +637,7 @@ Result<SandboxResult> run_sandboxed(const SandboxRun& run, const SandboxLimits& 
       .err_fd = err_write.get(),
       .report_fd = report_write.get(),
       .parent_pidfd = parent_pidfd.get(),
+      .cgroup_procs_fd = cgroup ? cgroup->procs_fd() : -1,
       .uid = uid,
       .user_namespace = user_namespace,
       .uid_map = uid_map.c_str(),
@@ -728,6 +760,12 @@ Result<SandboxResult> run_sandboxed(const SandboxRun& run, const SandboxLimits& 
                      "); wait for your own children by pid, and do not set SIGCHLD to SIG_IGN");
   }
   result.wall_seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  if (cgroup) {
+    const CgroupUsage usage = cgroup->usage();
+    result.memory_cgroup = true;
+    result.memory_killed = usage.oom_kills > 0;
+    result.peak_memory_bytes = usage.peak_bytes;
+  }
   if (info.si_code == CLD_EXITED) {
     result.exit_code = info.si_status;
     result.timed_out = false;  // it ended on its own, whatever the clock said
@@ -735,6 +773,13 @@ Result<SandboxResult> run_sandboxed(const SandboxRun& run, const SandboxLimits& 
     result.term_signal = info.si_status;
   }
   return result;
+}
+
+Status sandbox_memory_cgroup_available() {
+  auto parent = sandbox_cgroup_parent();
+  if (!parent) return parent.error();
+  auto probe = MemoryCgroup::make(*parent, 64ull << 20);
+  return probe ? Status() : probe.error();
 }
 
 Status sandbox_available() {

@@ -24,8 +24,9 @@ namespace troupe::rl::reward {
 inline constexpr std::string_view kPython = "/usr/bin/python3";
 
 /// What a sandboxed program may use. Each bound is the kernel's (rlimits, a
-/// tmpfs size) or the caller's (timeout, output), so a bad program fails
-/// inside its sandbox, never on the host. Worst-case memory of one run:
+/// tmpfs size, a memory cgroup) or the caller's (timeout, output), so a bad
+/// program fails inside its sandbox, never on the host. Worst-case memory
+/// of one run: total_memory_bytes under a memory cgroup, else
 /// max_processes * memory_bytes + dir_bytes.
 struct SandboxLimits {
   /// Wall-clock time after which the whole process tree is killed (SIGKILL)
@@ -37,6 +38,16 @@ struct SandboxLimits {
   /// Address space per process (RLIMIT_AS): an allocation past it fails
   /// (Python raises MemoryError) instead of pressing on the host's memory.
   uint64_t memory_bytes = 256ull << 20;
+  /// Memory of the whole run, every process and the files it writes
+  /// together, in a memory cgroup of its own (memory_cgroup.h): past it the
+  /// kernel kills the run's largest process (SandboxResult::memory_killed).
+  /// Where no memory cgroup can be made (not root, cgroups off; see
+  /// require_memory_cgroup) the run goes on under the per-process bounds
+  /// alone. 0: no cgroup.
+  uint64_t total_memory_bytes = 512ull << 20;
+  /// True: a run that cannot have its memory cgroup is refused (an error
+  /// saying why) instead of going on without it.
+  bool require_memory_cgroup = false;
   /// Largest file the program may write (RLIMIT_FSIZE; Python gets EFBIG).
   uint64_t file_bytes = 1ull << 20;
   /// Size of the working directory, a tmpfs (ENOSPC past it): bounds the
@@ -88,6 +99,15 @@ struct SandboxResult {
   /// it). In a user namespace (below) that is its uid there; the host sees
   /// the caller's.
   uint32_t uid = 0;
+  /// True when a memory cgroup bounded the run at total_memory_bytes.
+  bool memory_cgroup = false;
+  /// True when the kernel killed a process of the run at
+  /// total_memory_bytes (that process ends with SIGKILL; when it is the
+  /// program itself, term_signal says so).
+  bool memory_killed = false;
+  /// The most memory the run held at once, from its cgroup; 0 without one
+  /// or where the kernel does not count it (cgroup v2 before Linux 5.19).
+  uint64_t peak_memory_bytes = 0;
   /// True when the caller was not root: the sandbox had a user namespace
   /// of its own (the program is the caller's uid on the host, and keeps its
   /// supplementary groups).
@@ -118,6 +138,10 @@ Result<SandboxResult> run_sandboxed(const SandboxRun& run, const SandboxLimits& 
 /// /bin/true in one), else the error run_sandboxed would give, with what to
 /// do. Thread-safe.
 Status sandbox_available();
+
+/// ok when sandbox runs get a memory cgroup here, else why not and what to
+/// do (each run checks again: TROUPE_SANDBOX_CGROUP may change). Thread-safe.
+Status sandbox_memory_cgroup_available();
 
 /// The argv that runs `script` (a file of SandboxRun::files) under kPython,
 /// isolated from the environment and user site (-I), without the site

@@ -154,6 +154,7 @@ reward::SandboxLimits code_limits() {
   return {.timeout_s = 2.0,
           .cpu_s = 1,
           .memory_bytes = 128ull << 20,
+          .total_memory_bytes = 256ull << 20,
           .file_bytes = 64ull << 10,
           .dir_bytes = 256ull << 10,
           .open_files = 16,

@@ -34,6 +34,7 @@
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
 
+#include "reward/memory_cgroup.h"
 #include "reward/sandbox.h"
 #include "reward/seccomp_filter.h"
 #include "tasks/code.h"
@@ -153,7 +154,7 @@ troupe::Result<SandboxResult> run_as_nobody(const SandboxRun& run, const Sandbox
         j = {{"exit_code", r->exit_code},         {"term_signal", r->term_signal}, {"timed_out", r->timed_out},
              {"out", r->out},                     {"err", r->err},                 {"out_truncated", r->out_truncated},
              {"err_truncated", r->err_truncated}, {"wall_seconds", r->wall_seconds}, {"uid", r->uid},
-             {"user_namespace", r->user_namespace}, {"euid", geteuid()}};
+             {"user_namespace", r->user_namespace}, {"memory_cgroup", r->memory_cgroup}, {"euid", geteuid()}};
       }
     }
     const std::string text = j.dump();
@@ -192,6 +193,7 @@ troupe::Result<SandboxResult> run_as_nobody(const SandboxRun& run, const Sandbox
   r.wall_seconds = j["wall_seconds"];
   r.uid = j["uid"];
   r.user_namespace = j["user_namespace"];
+  r.memory_cgroup = j["memory_cgroup"];
   return r;
 }
 
@@ -379,6 +381,136 @@ TEST_CASE("sandbox: a memory bomb fails inside the sandbox", "[rl][sandbox]") {
   CHECK(fine.back() == 1);
 }
 
+/// Three children of 60 MiB each, alive at once: each allocates, says so,
+/// and waits to be released. Prints how many got there, then each child's
+/// end (0, or -9 for a SIGKILL). The first child's death ends the wait
+/// (SIGCHLD; later ones, once the wait is over, change nothing).
+constexpr const char* kThreeChildren =
+    "import os, signal\n"
+    "class Died(Exception):\n"
+    "    pass\n"
+    "died = False\n"
+    "def on_child(sig, frame):\n"
+    "    global died\n"
+    "    if not died:\n"
+    "        died = True\n"
+    "        raise Died()\n"
+    "r, w = os.pipe()\n"
+    "hold_r, hold_w = os.pipe()\n"
+    "pids, ready = [], 0\n"
+    "signal.signal(signal.SIGCHLD, on_child)\n"
+    "try:\n"
+    "    for i in range(3):\n"
+    "        pid = os.fork()\n"
+    "        if pid == 0:\n"
+    "            signal.signal(signal.SIGCHLD, signal.SIG_DFL)\n"
+    "            os.close(hold_w)\n"
+    "            b = b'\\1' * (60 << 20)\n"
+    "            os.write(w, b'x')\n"
+    "            os.read(hold_r, 1)\n"
+    "            os._exit(0)\n"
+    "        pids.append(pid)\n"
+    "    while ready < 3:\n"
+    "        ready += len(os.read(r, 3))\n"
+    "except Died:\n"
+    "    pass\n"
+    "signal.signal(signal.SIGCHLD, signal.SIG_DFL)\n"
+    "os.close(hold_w)\n"
+    "print(ready, sorted(os.waitstatus_to_exitcode(os.waitpid(p, 0)[1]) for p in pids))\n";
+
+TEST_CASE("sandbox: a memory cgroup bounds the run's processes together, and the kernel's kill is reported",
+          "[rl][sandbox]") {
+  require_sandbox();
+  const troupe::Status cgroups = reward::sandbox_memory_cgroup_available();
+  INFO(cgroups.to_string());
+  REQUIRE(cgroups.ok());
+  SandboxLimits limits;
+  limits.timeout_s = 30;
+  limits.require_memory_cgroup = true;
+  // Each child is well within its own address space (RLIMIT_AS 256 MiB):
+  // only the sum is bounded.
+  limits.total_memory_bytes = 512ull << 20;
+  auto roomy = run_python(kThreeChildren, limits);
+  INFO(roomy.out << roomy.err);
+  CHECK(roomy.succeeded());
+  CHECK(roomy.out == "3 [0, 0, 0]\n");
+  CHECK(roomy.memory_cgroup);
+  CHECK_FALSE(roomy.memory_killed);
+  CHECK(roomy.peak_memory_bytes >= 180ull << 20);
+  CHECK(roomy.peak_memory_bytes <= limits.total_memory_bytes);
+
+  // 128 MiB for three times 60: the kernel kills a child (the largest) and
+  // the program goes on to report it.
+  limits.total_memory_bytes = 128ull << 20;
+  auto tight = run_python(kThreeChildren, limits);
+  INFO(tight.out << tight.err);
+  CHECK(tight.succeeded());
+  CHECK(tight.memory_cgroup);
+  CHECK(tight.memory_killed);
+  CHECK(tight.out.rfind("3 ", 0) != 0);  // not all three got their memory
+  CHECK(tight.out.find("-9") != std::string::npos);
+  CHECK(tight.peak_memory_bytes > 0);
+  CHECK(tight.peak_memory_bytes <= limits.total_memory_bytes);
+  CHECK(processes_of_uid(tight.uid).empty());
+  // This process is untouched and can still allocate.
+  std::vector<char> fine(256 << 20, 1);
+  CHECK(fine.back() == 1);
+}
+
+TEST_CASE("sandbox: each run's cgroup is removed, TROUPE_SANDBOX_CGROUP picks the parent or turns cgroups off",
+          "[rl][sandbox]") {
+  require_sandbox();
+  auto own = reward::sandbox_cgroup_parent();
+  INFO((own ? std::string() : own.error().to_string()));
+  REQUIRE(own);
+  auto runs_under = [](const std::string& dir) {
+    size_t n = 0;
+    for (const auto& entry : fs::directory_iterator(dir)) {
+      n += entry.is_directory() &&
+           entry.path().filename().string().rfind("troupe-sandbox-" + std::to_string(getpid()) + "-", 0) == 0;
+    }
+    return n;
+  };
+  SandboxLimits limits;
+  limits.require_memory_cgroup = true;
+  auto r = run_python("print('hi')\n", limits);
+  CHECK(r.succeeded());
+  CHECK(r.memory_cgroup);
+  CHECK(r.peak_memory_bytes > 0);
+  CHECK(runs_under(own->dir) == 0);
+
+  // A parent of the caller's own: the runs' cgroups go there, and go.
+  const std::string mine = own->dir + "/troupe-test-parent-" + std::to_string(getpid());
+  REQUIRE(mkdir(mine.c_str(), 0755) == 0);
+  setenv("TROUPE_SANDBOX_CGROUP", mine.c_str(), 1);
+  auto under = run_python("import os\nprint(open('/proc/self/cgroup').read())\n", limits);
+  CHECK(under.succeeded());
+  CHECK(under.memory_cgroup);
+  // The program sees its cgroup (the host's path: no cgroup namespace).
+  CHECK(under.out.find("troupe-test-parent-" + std::to_string(getpid()) + "/troupe-sandbox-") != std::string::npos);
+  CHECK(runs_under(mine) == 0);
+
+  // Off: without the cgroup the run goes on, unless it is required.
+  setenv("TROUPE_SANDBOX_CGROUP", "off", 1);
+  limits.require_memory_cgroup = false;
+  auto off = run_python("print('hi')\n", limits);
+  CHECK(off.succeeded());
+  CHECK_FALSE(off.memory_cgroup);
+  CHECK(off.peak_memory_bytes == 0);
+  limits.require_memory_cgroup = true;
+  const SandboxRun empty{.argv = reward::python_argv("main.py"), .files = {{"main.py", ""}}, .stdin_data = {}};
+  auto refused = reward::run_sandboxed(empty, limits);
+  REQUIRE_FALSE(refused);
+  CHECK(refused.error().code() == troupe::ErrorCode::unsupported);
+  CHECK_THAT(refused.error().message(), Catch::Contains("TROUPE_SANDBOX_CGROUP=off"));
+  CHECK_FALSE(reward::sandbox_memory_cgroup_available().ok());
+  // Not a cgroup: named.
+  setenv("TROUPE_SANDBOX_CGROUP", "/tmp", 1);
+  CHECK_THAT(reward::sandbox_memory_cgroup_available().message(), Catch::Contains("/tmp"));
+  unsetenv("TROUPE_SANDBOX_CGROUP");
+  CHECK(rmdir(mine.c_str()) == 0);
+}
+
 TEST_CASE("sandbox: an endless program is killed at the timeout, a busy one at its CPU limit", "[rl][sandbox]") {
   require_sandbox();
   SandboxLimits limits;
@@ -443,6 +575,7 @@ TEST_CASE("sandbox: bad limits and runs are refused, naming what is wrong", "[rl
   refused({.open_files = 0}, "open_files");
   refused({.max_processes = 0}, "max_processes");
   refused({.output_bytes = 1ull << 40}, "output_bytes");
+  refused({.total_memory_bytes = 1ull << 20}, "total_memory_bytes");
 
   auto bad_run = [](const SandboxRun& run, const std::string& what) {
     INFO(what);
@@ -668,6 +801,23 @@ TEST_CASE("sandbox made by a user who is not root: fork and memory bombs and end
   auto endless = run_python_as_nobody("while True:\n    pass\n", limits);
   CHECK(endless.timed_out);
   CHECK(endless.term_signal == SIGKILL);
+}
+
+TEST_CASE("sandbox made by a user who is not root: without a cgroup it may manage, the run goes on under its "
+          "rlimits, or is refused when the cgroup is required",
+          "[rl][sandbox]") {
+  require_sandbox();
+  SandboxLimits limits;
+  auto r = run_python_as_nobody("print('hi')\n", limits);
+  INFO(r.out << r.err);
+  CHECK(r.succeeded());
+  CHECK_FALSE(r.memory_cgroup);
+  limits.require_memory_cgroup = true;
+  auto refused = run_as_nobody({.argv = reward::python_argv("main.py"), .files = {{"main.py", ""}}, .stdin_data = {}},
+                               limits);
+  REQUIRE_FALSE(refused);
+  CHECK(refused.error().code() == troupe::ErrorCode::unsupported);
+  CHECK_THAT(refused.error().message(), Catch::Contains("memory cgroup") && Catch::Contains("require_memory_cgroup"));
 }
 
 TEST_CASE("sandbox: the system-call filter refuses unix sockets on the host's paths and new namespaces, root or not",
