@@ -418,12 +418,33 @@ constexpr const char* kThreeChildren =
     "os.close(hold_w)\n"
     "print(ready, sorted(os.waitstatus_to_exitcode(os.waitpid(p, 0)[1]) for p in pids))\n";
 
+/// True where sandbox runs get a memory cgroup on this machine (as root
+/// here, and in CI). Where they do not (a cgroup v2 host without a
+/// delegated cgroup), checks what a run does instead (it goes on without
+/// one, and is refused with the reason when one is required) and warns why,
+/// so that a caller skips its checks of the cgroup only with the fallback
+/// checked in their place.
+bool memory_cgroups_here() {
+  const troupe::Status available = reward::sandbox_memory_cgroup_available();
+  if (available.ok()) return true;
+  WARN("no memory cgroup for sandboxes on this machine (" << available.to_string() << "): checking runs without one");
+  SandboxLimits limits;
+  auto r = run_python("print('hi')\n", limits);
+  CHECK(r.succeeded());
+  CHECK_FALSE(r.memory_cgroup);
+  limits.require_memory_cgroup = true;
+  const SandboxRun empty{.argv = reward::python_argv("main.py"), .files = {{"main.py", ""}}, .stdin_data = {}};
+  auto refused = reward::run_sandboxed(empty, limits);
+  REQUIRE_FALSE(refused);
+  CHECK(refused.error().code() == troupe::ErrorCode::unsupported);
+  CHECK_THAT(refused.error().message(), Catch::Contains("require_memory_cgroup"));
+  return false;
+}
+
 TEST_CASE("sandbox: a memory cgroup bounds the run's processes together, and the kernel's kill is reported",
           "[rl][sandbox]") {
   require_sandbox();
-  const troupe::Status cgroups = reward::sandbox_memory_cgroup_available();
-  INFO(cgroups.to_string());
-  REQUIRE(cgroups.ok());
+  if (!memory_cgroups_here()) return;
   SandboxLimits limits;
   limits.timeout_s = 30;
   limits.require_memory_cgroup = true;
@@ -460,6 +481,7 @@ TEST_CASE("sandbox: a memory cgroup bounds the run's processes together, and the
 TEST_CASE("sandbox: each run's cgroup is removed, TROUPE_SANDBOX_CGROUP picks the parent or turns cgroups off",
           "[rl][sandbox]") {
   require_sandbox();
+  if (!memory_cgroups_here()) return;
   auto own = reward::sandbox_cgroup_parent();
   INFO((own ? std::string() : own.error().to_string()));
   REQUIRE(own);
