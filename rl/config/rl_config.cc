@@ -330,6 +330,7 @@ Result<RlConfig> parse_rl_config(std::string_view text, std::string_view source_
     r.count("max_staleness", c.run.max_staleness, 0, 64);
     r.count("eval_every", c.run.eval_every, 1);
     r.count("checkpoint_every", c.run.checkpoint_every, 0);
+    r.count("keep_checkpoints", c.run.keep_checkpoints, 0);
     r.number("timeout_s", c.run.timeout_s, 1, 86400);
     r.finish();
   }
@@ -479,6 +480,7 @@ std::string rl_config_json(const RlConfig& c) {
               {"max_staleness", c.run.max_staleness},
               {"eval_every", c.run.eval_every},
               {"checkpoint_every", c.run.checkpoint_every},
+              {"keep_checkpoints", c.run.keep_checkpoints},
               {"timeout_s", c.run.timeout_s}};
   j["task"] = digits(c.task.problems);
   j["task"]["name"] = name_of(kTasks, c.task.kind);

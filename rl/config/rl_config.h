@@ -74,6 +74,9 @@ struct RunConfig {
   size_t eval_every = 10;
   /// A checkpoint every this many steps (0: only at the end).
   size_t checkpoint_every = 0;
+  /// The newest this many complete checkpoints are kept, older ones removed
+  /// once a newer one is complete (0: every one kept).
+  size_t keep_checkpoints = 0;
   /// Seconds an ask to a mesh may take before it counts as lost.
   double timeout_s = 120;
 };

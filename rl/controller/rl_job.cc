@@ -28,6 +28,7 @@
 #include "controller/metrics_log.h"
 #include "controller/replay_buffer.h"
 #include "env/environment.h"
+#include "io/atomic_write.h"
 #include "model/generate.h"
 #include "model/tokenizer.h"
 #include "reward/reward_worker.h"
@@ -300,6 +301,20 @@ std::string fixed(double v, int digits) {
   return buf;
 }
 
+/// The complete checkpoints (those with a manifest) under `run_dir`,
+/// oldest first: their names (step-NNNNNN) sort by step.
+std::vector<fs::path> complete_checkpoints(const std::string& run_dir) {
+  std::vector<fs::path> out;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(fs::path(run_dir) / "checkpoints", ec)) {
+    if (entry.path().filename().string().rfind("step-", 0) == 0 && fs::exists(entry.path() / "manifest.json")) {
+      out.push_back(entry.path());
+    }
+  }
+  std::sort(out.begin(), out.end(), [](const fs::path& a, const fs::path& b) { return a.filename() < b.filename(); });
+  return out;
+}
+
 // Everything the job's threads share.
 class Job {
  public:
@@ -412,7 +427,11 @@ class Job {
                                                 const std::function<uint64_t(uint64_t)>& seed_of,
                                                 double temperature, uint64_t min_version);
   Status checkpoint(size_t step);
+  // Removes the checkpoints keep_checkpoints leaves out (never `newest`).
+  void prune_checkpoints(const fs::path& newest);
   Result<size_t> resume();
+  // Loads the checkpoint in `dir` on every rank; its step.
+  Result<size_t> resume_from(const fs::path& dir);
   void feed();
   // Puts a group back after a failure; a group that failed kMaxGroupFailures
   // times stops the job (something is down for good, not a passing fault).
@@ -1183,9 +1202,21 @@ Status Job::checkpoint(size_t step) {
   char name[32];
   std::snprintf(name, sizeof(name), "step-%06zu", step);
   const fs::path dir = fs::path(options_.run_dir) / "checkpoints" / name;
+  // A checkpoint that fails is removed whole: its partial files would hold
+  // the disk's space, and resume would skip it anyway (no manifest).
+  auto abandon = [&](const Status& why) {
+    std::error_code ec;
+    fs::remove_all(dir, ec);
+    return Status(why.code(), why.message() + (ec ? "; its partial directory " + dir.string() +
+                                                        " could not be removed (" + ec.message() + ")"
+                                                  : "; its partial files were removed"));
+  };
+  // One left at this step (by a run that went back past it) is stale: its
+  // manifest must not stand beside this checkpoint's half-written state.
   std::error_code ec;
+  fs::remove_all(dir, ec);
   fs::create_directories(dir, ec);
-  if (ec) return Status(ErrorCode::storage, "checkpoint: cannot create " + dir.string() + ": " + ec.message());
+  if (ec) return abandon(Status(ErrorCode::storage, "checkpoint: cannot create " + dir.string() + ": " + ec.message()));
   // Rank 0 writes the state; with a sharded optimizer every rank takes
   // part (the moments are gathered from all of them).
   const trainer::SaveTrainerState save{(dir / "trainer.safetensors").string(),
@@ -1194,53 +1225,87 @@ Status Job::checkpoint(size_t step) {
   const size_t savers = sharded() ? meshes_.trainers->size() : 1;
   std::vector<Future<void>> saves;
   for (size_t r = 0; r < savers; ++r) saves.push_back(meshes_.trainers->member(r).ask(save, timeout_));
+  Status saved_all;
   for (auto& f : saves) {
     auto saved = f.get();
-    if (!saved) return Status(saved.error().code(), "checkpoint: " + saved.error().message());
+    if (!saved && saved_all.ok()) saved_all = Status(saved.error().code(), "checkpoint: " + saved.error().message());
   }
-  // The manifest goes last, atomically: a checkpoint without one is
-  // incomplete and resume skips it.
+  if (!saved_all.ok()) return abandon(saved_all);
+  // The manifest goes last, atomically and durably: a checkpoint without
+  // one is incomplete and resume skips it.
   json manifest = {{"step", step},
                    {"version", step},
                    {"consumed_low", consumed_low_},
                    {"consumed", std::vector<uint64_t>(consumed_.begin(), consumed_.end())},
                    {"seed", c_.run.seed},
                    {"config", text_}};
-  const fs::path tmp = dir / "manifest.json.tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    out << manifest.dump(1) << "\n";
-    out.flush();
-    if (!out) return Status(ErrorCode::storage, "checkpoint: cannot write " + tmp.string() + " (disk full?)");
+  const fs::path manifest_path = dir / "manifest.json";
+  if (Status s = io::write_atomically(manifest_path, manifest.dump(1) + "\n"); !s.ok()) {
+    return abandon(Status(s.code(), "checkpoint: cannot write " + manifest_path.string() + ": " + s.message()));
   }
-  fs::rename(tmp, dir / "manifest.json", ec);
-  if (ec) return Status(ErrorCode::storage, "checkpoint: cannot rename " + tmp.string() + ": " + ec.message());
   log({{"event", "checkpoint"}, {"step", step}, {"path", dir.string()}, {"seconds", seconds_since(start)}});
+  if (c_.run.keep_checkpoints > 0) prune_checkpoints(dir);
   return {};
+}
+
+void Job::prune_checkpoints(const fs::path& newest) {
+  // The newest keep_checkpoints complete ones stay; older complete ones go,
+  // and so do incomplete ones older than the newest (a crash's leftovers).
+  const std::vector<fs::path> complete = complete_checkpoints(options_.run_dir);
+  const size_t kept = std::min(complete.size(), c_.run.keep_checkpoints);
+  std::set<fs::path> keep(complete.end() - static_cast<std::ptrdiff_t>(kept), complete.end());
+  keep.insert(newest);
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(fs::path(options_.run_dir) / "checkpoints", ec)) {
+    const fs::path& p = entry.path();
+    const bool old_checkpoint = p.filename().string().rfind("step-", 0) == 0 && p.filename() < newest.filename();
+    if (!old_checkpoint || keep.count(p) != 0) continue;
+    std::error_code removed;
+    fs::remove_all(p, removed);
+    if (removed) say("warning: checkpoint: cannot remove the old checkpoint " + p.string() + ": " + removed.message());
+  }
 }
 
 Result<size_t> Job::resume() {
   const fs::path root = fs::path(options_.run_dir) / "checkpoints";
-  std::optional<fs::path> latest;
-  std::error_code ec;
-  for (const auto& entry : fs::directory_iterator(root, ec)) {
-    if (!fs::exists(entry.path() / "manifest.json")) continue;  // incomplete
-    if (!latest || entry.path().filename() > latest->filename()) latest = entry.path();
+  const std::vector<fs::path> complete = complete_checkpoints(options_.run_dir);
+  // The newest that loads; one whose files are damaged (a manifest that is
+  // not one, a state file truncated or unreadable) is passed over for the
+  // one before it, and said.
+  std::vector<std::string> skipped;
+  for (auto it = complete.rbegin(); it != complete.rend(); ++it) {
+    auto step = resume_from(*it);
+    if (step) {
+      for (const std::string& why : skipped) say("warning: resume: passed over " + why);
+      log({{"event", "resume"}, {"step", *step}, {"from", it->string()}, {"skipped", skipped}});
+      say("resumed from " + it->string() + " at step " + std::to_string(*step));
+      return step;
+    }
+    const ErrorCode code = step.error().code();
+    if (code != ErrorCode::malformed && code != ErrorCode::storage && code != ErrorCode::not_found &&
+        code != ErrorCode::invalid_argument) {
+      return error(step.error());  // the meshes, not the checkpoint
+    }
+    skipped.push_back(it->string() + " (" + step.error().message() + ")");
   }
-  if (!latest) {
-    return error(ErrorCode::not_found, "resume: no complete checkpoint under " + root.string() +
-                                           " (run without --resume to start afresh)");
-  }
-  std::ifstream in(*latest / "manifest.json");
+  std::string why = "resume: no complete checkpoint under " + root.string();
+  for (const std::string& s : skipped) why += (s == skipped.front() ? ": " : "; ") + s;
+  return error(ErrorCode::not_found, why + " (run without --resume to start afresh)");
+}
+
+Result<size_t> Job::resume_from(const fs::path& dir) {
+  std::ifstream in(dir / "manifest.json");
   json manifest = json::parse(in, nullptr, false);
-  if (manifest.is_discarded() || !manifest.contains("step") || !manifest.contains("consumed_low")) {
-    return error(ErrorCode::malformed, "resume: " + (*latest / "manifest.json").string() + " is not a manifest");
-  }
+  auto unsigned_at = [&](const char* key) { return manifest.contains(key) && manifest[key].is_number_unsigned(); };
+  bool valid = !manifest.is_discarded() && manifest.is_object() && unsigned_at("step") && unsigned_at("consumed_low") &&
+               manifest.contains("consumed") && manifest["consumed"].is_array();
+  for (size_t i = 0; valid && i < manifest["consumed"].size(); ++i) valid = manifest["consumed"][i].is_number_unsigned();
+  if (!valid) return error(ErrorCode::malformed, (dir / "manifest.json").string() + " is not a manifest");
   if (manifest.value("config", std::string()) != text_) {
     say("warning: the config differs from the checkpoint's; resuming with the new one");
   }
-  const std::string state = (*latest / "trainer.safetensors").string();
-  const std::string reference = (*latest / "reference.safetensors").string();
+  const std::string state = (dir / "trainer.safetensors").string();
+  const std::string reference = (dir / "reference.safetensors").string();
   for (size_t r = 0; r < meshes_.trainers->size(); ++r) {
     auto loaded = meshes_.trainers->member(r).ask(trainer::LoadTrainerState{state, reference}, timeout_).get();
     if (!loaded) return error(loaded.error().code(), "resume: " + loaded.error().message());
@@ -1250,9 +1315,8 @@ Result<size_t> Job::resume() {
   optimizer_steps_ = (*infos)[0].optimizer_steps;
   const size_t step = manifest["step"].get<size_t>();
   consumed_low_ = manifest["consumed_low"].get<uint64_t>();
-  for (uint64_t g : manifest["consumed"]) consumed_.insert(g);
-  log({{"event", "resume"}, {"step", step}, {"from", latest->string()}});
-  say("resumed from " + latest->string() + " at step " + std::to_string(step));
+  consumed_.clear();
+  for (const json& g : manifest["consumed"]) consumed_.insert(g.get<uint64_t>());
   return step;
 }
 
@@ -1569,13 +1633,7 @@ Result<JobResult> Job::run() {
 }
 
 /// True when `run_dir` holds a complete checkpoint (one with a manifest).
-bool has_checkpoint(const std::string& run_dir) {
-  std::error_code ec;
-  for (const auto& entry : fs::directory_iterator(fs::path(run_dir) / "checkpoints", ec)) {
-    if (fs::exists(entry.path() / "manifest.json")) return true;
-  }
-  return false;
-}
+bool has_checkpoint(const std::string& run_dir) { return !complete_checkpoints(run_dir).empty(); }
 
 }  // namespace
 

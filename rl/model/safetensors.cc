@@ -15,8 +15,11 @@
 #include <set>
 #include <system_error>
 #include <utility>
+#include <vector>
 
 #include <nlohmann/json.hpp>
+
+#include "io/atomic_write.h"
 
 namespace troupe::rl::model {
 
@@ -123,22 +126,6 @@ class Fd {
   int fd_;
 };
 
-// 0 or the errno.
-int write_all(int fd, std::span<const std::byte> bytes) {
-  const std::byte* p = bytes.data();
-  size_t left = bytes.size();
-  while (left > 0) {
-    ssize_t n = ::write(fd, p, std::min<size_t>(left, size_t{1} << 30));
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return errno;
-    }
-    if (n == 0) return EIO;
-    p += n;
-    left -= static_cast<size_t>(n);
-  }
-  return 0;
-}
 
 // 0, or the errno; a file shorter than offset + size is EIO (it shrank
 // under us: the size came from fstat).
@@ -606,51 +593,13 @@ Status write_safetensors(const fs::path& path, std::span<const SafetensorsTensor
   const uint64_t n = text.size();
   std::memcpy(length.data(), &n, 8);
 
-  // A temporary name beside the target, so the rename stays within one
-  // filesystem; O_EXCL keeps two writers (or a crashed one's leftover) apart.
-  static std::atomic<uint64_t> counter{0};
-  const fs::path dir = path.has_parent_path() ? path.parent_path() : fs::path(".");
-  fs::path temp;
-  int fd_raw = -1;
-  for (int attempt = 0; attempt < 100 && fd_raw < 0; ++attempt) {
-    temp = dir / ("." + path.filename().string() + ".tmp-" + std::to_string(::getpid()) + "-" +
-                  std::to_string(counter.fetch_add(1)));
-    fd_raw = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
-    if (fd_raw < 0 && errno != EEXIST) break;
-  }
-  auto storage = [&](int err, const std::string& doing) {
-    return Status(ErrorCode::storage, "safetensors " + target + ": writing: " + errno_text(err) + " (" + doing + ")");
-  };
-  if (fd_raw < 0) return storage(errno, "creating the temporary file " + temp.string());
-  Fd fd(fd_raw);
-  auto fail = [&](int err, const std::string& doing) {
-    fd.close();
-    ::unlink(temp.c_str());
-    return storage(err, doing);
-  };
-  if (int err = write_all(fd.get(), length); err != 0) return fail(err, "writing " + temp.string());
-  if (int err = write_all(fd.get(), std::as_bytes(std::span(text))); err != 0) {
-    return fail(err, "writing " + temp.string());
-  }
-  for (const SafetensorsTensor& t : tensors) {
-    if (int err = write_all(fd.get(), t.data); err != 0) return fail(err, "writing " + temp.string());
-  }
-  if (::fsync(fd.get()) != 0) return fail(errno, "syncing " + temp.string());
-  if (int err = fd.close(); err != 0) {
-    ::unlink(temp.c_str());
-    return storage(err, "closing " + temp.string());
-  }
-  if (::rename(temp.c_str(), path.c_str()) != 0) {
-    int err = errno;
-    ::unlink(temp.c_str());
-    return storage(err, "renaming " + temp.string() + " to it");
-  }
-  // The rename is durable once the directory is synced. Some filesystems
-  // cannot sync a directory (EINVAL): they offer nothing more to wait for.
-  Fd dir_fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-  if (dir_fd.get() < 0) return storage(errno, "opening the directory to sync it; the file is in place");
-  if (::fsync(dir_fd.get()) != 0 && errno != EINVAL) {
-    return storage(errno, "syncing the directory; the file is in place but may not survive a crash");
+  std::vector<std::span<const std::byte>> pieces;
+  pieces.reserve(tensors.size() + 2);
+  pieces.push_back(length);
+  pieces.push_back(std::as_bytes(std::span(text)));
+  for (const SafetensorsTensor& t : tensors) pieces.push_back(t.data);
+  if (Status s = io::write_atomically(path, pieces); !s.ok()) {
+    return Status(s.code(), "safetensors " + target + ": writing: " + s.message());
   }
   return {};
 }

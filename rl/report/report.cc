@@ -16,6 +16,8 @@
 #include <nlohmann/json.hpp>
 #include <system_error>
 
+#include "io/atomic_write.h"
+
 namespace troupe::rl::report {
 namespace {
 
@@ -309,43 +311,15 @@ class Reader {
   double segment_latest_s_ = 0;  // the latest wall_s of this segment
 };
 
-// Writes `text` to a temporary file beside `path` and renames it over
-// `path`, so that a reader (a browser refreshing mid-run) sees the old page
-// or the new one. The file is synced before the rename so that a crash
+// The page is replaced atomically (io/atomic_write.h), so that a reader (a
+// browser refreshing mid-run) sees the old page or the new one, and a crash
 // cannot leave an empty page under the name.
-Status write_atomically(const fs::path& path, std::string_view text) {
-  static std::atomic<uint64_t> counter{0};
-  const fs::path temp =
-      path.parent_path() / fmt::format(".{}.tmp-{}-{}", path.filename().string(), ::getpid(), counter.fetch_add(1));
-  auto failed = [&](int err, std::string_view doing) {
+Status write_page(const fs::path& path, std::string_view text) {
+  if (Status s = io::write_atomically(path, text); !s.ok()) {
     return Status(ErrorCode::storage,
-                  fmt::format("report: cannot write {}: {} ({}); make the run directory writable, or free space on "
-                              "its disk, and run the report again",
-                              path.string(), errno_text(err), doing));
-  };
-  const int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return failed(errno, "creating " + temp.string());
-  auto abandon = [&](int err, std::string_view doing) {
-    ::close(fd);
-    ::unlink(temp.c_str());
-    return failed(err, doing);
-  };
-  for (size_t done = 0; done < text.size();) {
-    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return abandon(errno, "writing " + temp.string());
-    done += static_cast<size_t>(n);
-  }
-  if (::fsync(fd) != 0) return abandon(errno, "syncing " + temp.string());
-  if (::close(fd) != 0) {
-    const int err = errno;
-    ::unlink(temp.c_str());
-    return failed(err, "closing " + temp.string());
-  }
-  if (::rename(temp.c_str(), path.c_str()) != 0) {
-    const int err = errno;
-    ::unlink(temp.c_str());
-    return failed(err, "renaming " + temp.string() + " to it");
+                  fmt::format("report: cannot write {}: {}; make the run directory writable, or free space on its "
+                              "disk, and run the report again",
+                              path.string(), s.message()));
   }
   return {};
 }
@@ -439,7 +413,7 @@ Result<std::string> write_report(const std::string& run_dir) {
   auto metrics = read_metrics((dir / "metrics.jsonl").string());
   if (!metrics) return error(metrics.error());
   const fs::path target = dir / "report.html";
-  if (Status s = write_atomically(target, render_html(*metrics)); !s.ok()) return error(s);
+  if (Status s = write_page(target, render_html(*metrics)); !s.ok()) return error(s);
   return target.string();
 }
 

@@ -7,13 +7,18 @@
 #include <csignal>
 #include <filesystem>
 #include <fstream>
+#include <algorithm>
+#include <cstring>
+#include <functional>
 #include <map>
+#include <mutex>
 #include <random>
 #include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include <sys/mount.h>
 #include <sys/wait.h>
 
 #include <catch2/catch.hpp>
@@ -116,6 +121,50 @@ controller::JobOptions quiet_options(const fs::path& run_dir) {
 
 std::unique_ptr<troupe::Session> session() { return troupe::test::rl_session(); }
 
+// A run directory on a tmpfs of its own, `mib` MiB: a disk that fills up
+// for real (the trainer's worker process writes the checkpoints, so a file
+// size limit on this process would not do). Needs root, as CI runs.
+struct SmallDisk {
+  TempDir dir;
+  explicit SmallDisk(size_t mib) {
+    const std::string options = "size=" + std::to_string(mib) + "m";
+    INFO("mounting a tmpfs (needs root): " << std::strerror(errno));
+    REQUIRE(::mount("tmpfs", dir.path.c_str(), "tmpfs", MS_NOSUID | MS_NODEV, options.c_str()) == 0);
+  }
+  ~SmallDisk() { ::umount2(dir.path.c_str(), MNT_DETACH); }
+  // Writes a file until the disk is full.
+  void fill(const fs::path& file) const {
+    std::ofstream out(file, std::ios::binary);
+    const std::string chunk(1 << 16, 'x');
+    while (out.write(chunk.data(), static_cast<std::streamsize>(chunk.size()))) {
+    }
+  }
+};
+
+// Progress lines, collected from whichever thread says them.
+struct Lines {
+  std::mutex mu;
+  std::vector<std::string> lines;
+  std::function<void(const std::string&)> sink() {
+    return [this](const std::string& l) {
+      std::lock_guard lock(mu);
+      lines.push_back(l);
+    };
+  }
+  size_t count(const std::string& part) {
+    std::lock_guard lock(mu);
+    return static_cast<size_t>(
+        std::count_if(lines.begin(), lines.end(), [&](const std::string& l) { return l.find(part) != std::string::npos; }));
+  }
+};
+
+std::vector<std::string> checkpoint_names(const fs::path& run_dir) {
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(run_dir / "checkpoints")) names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
 }  // namespace
 
 TEST_CASE("rl config: every example under examples/rl parses and validates", "[rl][config]") {
@@ -164,6 +213,7 @@ TEST_CASE("rl config: unknown keys, wrong types and values out of range are refu
   CHECK_THAT(refusal("[algorithm]\nprompts_per_step = 2\ngroup_size = 4\nmini_batches = 9\n"),
              Catch::Contains("'algorithm.mini_batches' (9)"));
   CHECK_THAT(refusal("[model]\nheads = 3\n"), Catch::Contains("[model]"));
+  CHECK_THAT(refusal("[run]\nkeep_checkpoints = -1\n"), Catch::Contains("'run.keep_checkpoints'"));
   CHECK_THAT(refusal("[rollout]\nweight_sync = \"nccl\"\n"),
              Catch::Contains("'rollout.weight_sync'") && Catch::Contains("\"broadcast\""));
   CHECK_THAT(refusal("[run]\nplacement = \"colocated\"\n[rollout]\nweight_sync = \"broadcast\"\n"),
@@ -302,6 +352,89 @@ TEST_CASE("rl job: a run resumed from a checkpoint takes the same next steps as 
   REQUIRE(b.size() == 6);  // 3 before the resume, 3 after
   CHECK(events(part.path / "metrics.jsonl", "resume").size() == 1);
   check_same_steps(a, b, 3, 6);
+}
+
+TEST_CASE("rl job: a checkpoint on a full disk fails whole and training goes on; later ones complete, the oldest "
+          "pruned to keep_checkpoints",
+          "[rl][job]") {
+  SmallDisk disk(24);
+  auto s = session();
+  Lines said;
+  controller::JobOptions options = quiet_options(disk.dir.path);
+  options.progress = said.sink();
+  const fs::path filler = disk.dir.path / "filler";
+  bool filled = false, freed = false;
+  options.after_step = [&](size_t step, const controller::JobProbe&) {
+    if (step == 1) {
+      disk.fill(filler);  // step 2's checkpoint finds the disk full
+      filled = true;
+    } else if (step == 2) {
+      // Nothing of the failed checkpoint is left to hold the space.
+      CHECK_FALSE(fs::exists(disk.dir.path / "checkpoints" / "step-000002"));
+      fs::remove(filler);
+      freed = true;
+    }
+  };
+  auto r = controller::run_rl_job(s->runtime(), s->cluster(),
+                                  small_job("checkpoint_every = 2\nkeep_checkpoints = 2\n", 8), options);
+  INFO((r ? std::string() : r.error().message()));
+  REQUIRE(r);
+  CHECK(filled);
+  CHECK(freed);
+  CHECK(said.count("warning: checkpoint: ") == 1);
+  CHECK(said.count("No space left on device") >= 1);
+  CHECK(said.count("partial files were removed") == 1);
+  // 4 was complete, then pruned by 8 (the newest two stay); 2 never was.
+  CHECK(checkpoint_names(disk.dir.path) == std::vector<std::string>{"step-000006", "step-000008"});
+  for (const char* name : {"step-000006", "step-000008"}) {
+    CHECK(fs::exists(disk.dir.path / "checkpoints" / name / "manifest.json"));
+    CHECK(fs::exists(disk.dir.path / "checkpoints" / name / "trainer.safetensors"));
+  }
+  // No temporary files left anywhere.
+  for (const auto& e : fs::recursive_directory_iterator(disk.dir.path)) {
+    CHECK(e.path().filename().string().find(".tmp-") == std::string::npos);
+  }
+}
+
+TEST_CASE("rl job: resume passes over damaged checkpoints (a manifest that is not one, a truncated state) for the "
+          "newest that loads, and with none left says why for each",
+          "[rl][job]") {
+  TempDir dir;
+  auto s = session();
+  controller::JobOptions options = quiet_options(dir.path);
+  REQUIRE(controller::run_rl_job(s->runtime(), s->cluster(), small_job("checkpoint_every = 2\n", 6), options));
+  const fs::path root = dir.path / "checkpoints";
+  std::ofstream(root / "step-000006" / "manifest.json", std::ios::trunc) << "{\"step\": 6, \"consu";
+  fs::resize_file(root / "step-000004" / "trainer.safetensors", 100);
+  Lines said;
+  auto again = options;
+  again.resume = true;
+  again.progress = said.sink();
+  auto resumed = controller::run_rl_job(s->runtime(), s->cluster(), small_job("checkpoint_every = 2\n", 8), again);
+  INFO((resumed ? std::string() : resumed.error().message()));
+  REQUIRE(resumed);
+  CHECK(resumed->steps == 6);  // 3 to 8
+  auto resumes = events(dir.path / "metrics.jsonl", "resume");
+  REQUIRE(resumes.size() == 1);
+  CHECK(resumes[0]["step"] == 2);
+  REQUIRE(resumes[0]["skipped"].size() == 2);
+  CHECK_THAT(resumes[0]["skipped"][0].get<std::string>(), Catch::Contains("step-000006") &&
+                                                              Catch::Contains("is not a manifest"));
+  CHECK_THAT(resumes[0]["skipped"][1].get<std::string>(), Catch::Contains("step-000004") &&
+                                                              Catch::Contains("trainer.safetensors"));
+  CHECK(said.count("warning: resume: passed over") == 2);
+  // The resumed run wrote its own checkpoints over the damaged ones.
+  CHECK(checkpoint_names(dir.path) ==
+        std::vector<std::string>{"step-000002", "step-000004", "step-000006", "step-000008"});
+  CHECK(events(dir.path / "metrics.jsonl", "step").back()["step"] == 8);
+
+  // Every one damaged: the resume stops, naming each and why.
+  for (const auto& name : checkpoint_names(dir.path)) std::ofstream(root / name / "manifest.json") << "[]";
+  auto none = controller::run_rl_job(s->runtime(), s->cluster(), small_job("checkpoint_every = 2\n", 10), again);
+  REQUIRE_FALSE(none);
+  CHECK(none.error().code() == troupe::ErrorCode::not_found);
+  CHECK_THAT(none.error().message(), Catch::Contains("no complete checkpoint") && Catch::Contains("step-000002") &&
+                                         Catch::Contains("step-000008") && Catch::Contains("without --resume"));
 }
 
 TEST_CASE("rl job: trainer.device = host (the GPU path's code: state resident in the device model, the allreduce "
