@@ -354,7 +354,7 @@ TEST_CASE("rl job: a run resumed from a checkpoint takes the same next steps as 
   check_same_steps(a, b, 3, 6);
 }
 
-TEST_CASE("rl job: a checkpoint on a full disk fails whole and training goes on; later ones complete, the oldest "
+TEST_CASE("rl job: a checkpoint on a full disk fails whole and training goes on, later ones complete, the oldest "
           "pruned to keep_checkpoints",
           "[rl][job]") {
   SmallDisk disk(24);
