@@ -1299,7 +1299,9 @@ Result<size_t> Job::resume_from(const fs::path& dir) {
   auto unsigned_at = [&](const char* key) { return manifest.contains(key) && manifest[key].is_number_unsigned(); };
   bool valid = !manifest.is_discarded() && manifest.is_object() && unsigned_at("step") && unsigned_at("consumed_low") &&
                manifest.contains("consumed") && manifest["consumed"].is_array();
-  for (size_t i = 0; valid && i < manifest["consumed"].size(); ++i) valid = manifest["consumed"][i].is_number_unsigned();
+  for (size_t i = 0; valid && i < manifest["consumed"].size(); ++i) {
+    valid = manifest["consumed"][i].is_number_unsigned();
+  }
   if (!valid) return error(ErrorCode::malformed, (dir / "manifest.json").string() + " is not a manifest");
   if (manifest.value("config", std::string()) != text_) {
     say("warning: the config differs from the checkpoint's; resuming with the new one");

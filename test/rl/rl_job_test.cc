@@ -153,8 +153,8 @@ struct Lines {
   }
   size_t count(const std::string& part) {
     std::lock_guard lock(mu);
-    return static_cast<size_t>(
-        std::count_if(lines.begin(), lines.end(), [&](const std::string& l) { return l.find(part) != std::string::npos; }));
+    auto has = [&](const std::string& l) { return l.find(part) != std::string::npos; };
+    return static_cast<size_t>(std::count_if(lines.begin(), lines.end(), has));
   }
 };
 

@@ -424,20 +424,28 @@ constexpr const char* kThreeChildren =
 /// one, and is refused with the reason when one is required) and warns why,
 /// so that a caller skips its checks of the cgroup only with the fallback
 /// checked in their place.
-bool memory_cgroups_here() {
-  const troupe::Status available = reward::sandbox_memory_cgroup_available();
-  if (available.ok()) return true;
-  WARN("no memory cgroup for sandboxes on this machine (" << available.to_string() << "): checking runs without one");
+/// Where runs get no memory cgroup: a run goes on without one (no peak
+/// counted), and one that requires it is refused, the reason containing
+/// `why`.
+void check_runs_without_cgroup(const std::string& why) {
   SandboxLimits limits;
   auto r = run_python("print('hi')\n", limits);
   CHECK(r.succeeded());
   CHECK_FALSE(r.memory_cgroup);
+  CHECK(r.peak_memory_bytes == 0);
   limits.require_memory_cgroup = true;
   const SandboxRun empty{.argv = reward::python_argv("main.py"), .files = {{"main.py", ""}}, .stdin_data = {}};
   auto refused = reward::run_sandboxed(empty, limits);
   REQUIRE_FALSE(refused);
   CHECK(refused.error().code() == troupe::ErrorCode::unsupported);
-  CHECK_THAT(refused.error().message(), Catch::Contains("require_memory_cgroup"));
+  CHECK_THAT(refused.error().message(), Catch::Contains(why) && Catch::Contains("require_memory_cgroup"));
+}
+
+bool memory_cgroups_here() {
+  const troupe::Status available = reward::sandbox_memory_cgroup_available();
+  if (available.ok()) return true;
+  WARN("no memory cgroup for sandboxes on this machine (" << available.to_string() << "): checking runs without one");
+  check_runs_without_cgroup("sandbox memory cgroup");
   return false;
 }
 
@@ -514,17 +522,7 @@ TEST_CASE("sandbox: each run's cgroup is removed, TROUPE_SANDBOX_CGROUP picks th
 
   // Off: without the cgroup the run goes on, unless it is required.
   setenv("TROUPE_SANDBOX_CGROUP", "off", 1);
-  limits.require_memory_cgroup = false;
-  auto off = run_python("print('hi')\n", limits);
-  CHECK(off.succeeded());
-  CHECK_FALSE(off.memory_cgroup);
-  CHECK(off.peak_memory_bytes == 0);
-  limits.require_memory_cgroup = true;
-  const SandboxRun empty{.argv = reward::python_argv("main.py"), .files = {{"main.py", ""}}, .stdin_data = {}};
-  auto refused = reward::run_sandboxed(empty, limits);
-  REQUIRE_FALSE(refused);
-  CHECK(refused.error().code() == troupe::ErrorCode::unsupported);
-  CHECK_THAT(refused.error().message(), Catch::Contains("TROUPE_SANDBOX_CGROUP=off"));
+  check_runs_without_cgroup("TROUPE_SANDBOX_CGROUP=off");
   CHECK_FALSE(reward::sandbox_memory_cgroup_available().ok());
   // Not a cgroup: named.
   setenv("TROUPE_SANDBOX_CGROUP", "/tmp", 1);
