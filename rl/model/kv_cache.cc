@@ -8,6 +8,7 @@
 #include <string>
 
 #include "model/kernels.h"
+#include "model/threads.h"
 
 namespace troupe::rl::model {
 
@@ -34,7 +35,8 @@ void KvCache::size_scratch(size_t n) {
   qkv_.resize(n * 3 * C);
   fch_.resize(n * 4 * C);
   fch_gelu_.resize(n * 4 * C);
-  scores_.resize(config_.context_length);
+  // One row of scores per row: the rows' attention runs in parallel.
+  scores_.resize(n * config_.context_length);
 }
 
 Status KvCache::set_weights(const Gpt<float>& model) {
@@ -89,26 +91,31 @@ Status KvCache::append(std::span<const DecodeRow> rows, float* logits) {
       std::copy(qkv + C, qkv + 2 * C, key(l, rows[i].slot, positions_[i]));
       std::copy(qkv + 2 * C, qkv + 3 * C, value(l, rows[i].slot, positions_[i]));
     }
-    for (size_t i = 0; i < n; ++i) {
-      const size_t len = positions_[i] + 1;
-      const float* keys = key(l, rows[i].slot, 0);
-      const float* values = value(l, rows[i].slot, 0);
-      for (size_t h = 0; h < NH; ++h) {
-        const float* q = qkv_.data() + i * 3 * C + h * hs;
-        float* s = scores_.data();
-        // scores = K_h (len, hs) x q * scale; out = V_h^T (hs, len) x softmax(scores).
-        cblas_sgemv(CblasRowMajor, CblasNoTrans, static_cast<int>(len), static_cast<int>(hs), scale, keys + h * hs,
-                    static_cast<int>(C), q, 1, 0.0f, s, 1);
-        float maxval = *std::max_element(s, s + len);
-        float sum = 0;
-        for (size_t t = 0; t < len; ++t) {
-          s[t] = std::exp(s[t] - maxval);
-          sum += s[t];
+    // Each row's attention is its own: the rows run in parallel, each on
+    // one thread with OpenBLAS single-threaded there, so a row's bits do
+    // not depend on the thread count or on what shares its step.
+    parallel_for(n, 1, [&](size_t i0, size_t i1) {
+      for (size_t i = i0; i < i1; ++i) {
+        const size_t len = positions_[i] + 1;
+        const float* keys = key(l, rows[i].slot, 0);
+        const float* values = value(l, rows[i].slot, 0);
+        for (size_t h = 0; h < NH; ++h) {
+          const float* q = qkv_.data() + i * 3 * C + h * hs;
+          float* s = scores_.data() + i * config_.context_length;
+          // scores = K_h (len, hs) x q * scale; out = V_h^T (hs, len) x softmax(scores).
+          cblas_sgemv(CblasRowMajor, CblasNoTrans, static_cast<int>(len), static_cast<int>(hs), scale, keys + h * hs,
+                      static_cast<int>(C), q, 1, 0.0f, s, 1);
+          float maxval = *std::max_element(s, s + len);
+          float sum = 0;
+          for (size_t t = 0; t < len; ++t) {
+            s[t] = std::exp(s[t] - maxval);
+            sum += s[t];
+          }
+          cblas_sgemv(CblasRowMajor, CblasTrans, static_cast<int>(len), static_cast<int>(hs), 1.0f / sum,
+                      values + h * hs, static_cast<int>(C), s, 1, 0.0f, atty_.data() + i * C + h * hs, 1);
         }
-        cblas_sgemv(CblasRowMajor, CblasTrans, static_cast<int>(len), static_cast<int>(hs), 1.0f / sum,
-                    values + h * hs, static_cast<int>(C), s, 1, 0.0f, atty_.data() + i * C + h * hs, 1);
       }
-    }
+    });
     product(proj_.data(), atty_.data(), p + o.proj_w, p + o.proj_b, n, C, C);
     for (size_t j = 0; j < n * C; ++j) x_[j] += proj_[j];
     layernorm_forward(ln_.data(), mean_.data(), rstd_.data(), x_.data(), p + o.ln2_w, p + o.ln2_b, n, C);

@@ -37,6 +37,7 @@
 #include "reward/memory_cgroup.h"
 #include "reward/sandbox.h"
 #include "reward/seccomp_filter.h"
+#include "support/scoped_env.h"
 #include "tasks/code.h"
 
 using namespace troupe::rl;
@@ -512,7 +513,9 @@ TEST_CASE("sandbox: each run's cgroup is removed, TROUPE_SANDBOX_CGROUP picks th
   // A parent of the caller's own: the runs' cgroups go there, and go.
   const std::string mine = own->dir + "/troupe-test-parent-" + std::to_string(getpid());
   REQUIRE(mkdir(mine.c_str(), 0755) == 0);
-  setenv("TROUPE_SANDBOX_CGROUP", mine.c_str(), 1);
+  // The caller's own setting (a v2 machine's delegated parent) comes back
+  // after the test, however it ends.
+  troupe::test::ScopedEnv restore("TROUPE_SANDBOX_CGROUP", mine);
   auto under = run_python("import os\nprint(open('/proc/self/cgroup').read())\n", limits);
   CHECK(under.succeeded());
   CHECK(under.memory_cgroup);
@@ -527,7 +530,6 @@ TEST_CASE("sandbox: each run's cgroup is removed, TROUPE_SANDBOX_CGROUP picks th
   // Not a cgroup: named.
   setenv("TROUPE_SANDBOX_CGROUP", "/tmp", 1);
   CHECK_THAT(reward::sandbox_memory_cgroup_available().message(), Catch::Contains("/tmp"));
-  unsetenv("TROUPE_SANDBOX_CGROUP");
   CHECK(rmdir(mine.c_str()) == 0);
 }
 
