@@ -5,7 +5,9 @@
 // backwards, a second batch shape; AdamW's step against the CPU AdamW on the
 // same gradients (clipping, schedule, moments, a NaN gradient refused);
 // training lowering the loss; bit-exact parameter round trips; bad inputs
-// refused.
+// refused; an inference-only model's memory and refusals.
+#include <cuda_runtime_api.h>
+
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -387,4 +389,56 @@ TEST_CASE("gpu model: bad configs, devices and inputs are refused", "[gpu][rl]")
   CHECK(gpu.download_grads(nullptr).code() == troupe::ErrorCode::invalid_argument);
   auto other = Gpt<float>::make(small(false)).value();
   CHECK(gpu.init_from(other).code() == troupe::ErrorCode::invalid_argument);  // untied: another layout
+}
+
+TEST_CASE("gpu model: an inference-only model allocates no gradients, runs forward, and refuses to train",
+          "[gpu][rl]") {
+  // Large enough that the gradients (50 MB) stand out from the allocator's
+  // 2 MiB granularity and cuBLAS's workspace, which both models have.
+  const GptConfig config{.vocab_size = 259, .context_length = 64, .layers = 4, .heads = 8, .channels = 512};
+  const size_t grad_bytes = ParamLayout::make(config).value().total() * sizeof(float);
+  auto device_bytes_of = [&](bool gradients) {
+    size_t free_before = 0, free_after = 0, total = 0;
+    REQUIRE(cudaMemGetInfo(&free_before, &total) == cudaSuccess);
+    GptCuda gpu = make_gpu(config, {.gradients = gradients});
+    REQUIRE(cudaMemGetInfo(&free_after, &total) == cudaSuccess);
+    return static_cast<double>(free_before) - static_cast<double>(free_after);
+  };
+  const double trainable = device_bytes_of(true), inference = device_bytes_of(false);
+  INFO("device memory: " << trainable << " bytes with gradients, " << inference << " without; gradients " << grad_bytes
+                         << " bytes");
+  CHECK(trainable - inference >= 0.95 * static_cast<double>(grad_bytes));
+  CHECK(trainable - inference <= static_cast<double>(grad_bytes) + (4 << 20));
+
+  auto cpu = Gpt<float>::make(config).value();
+  cpu.init_random(3);
+  GptCuda gpu = make_gpu(config, {.gradients = false});
+  CHECK(gpu.device_grads() == nullptr);
+  REQUIRE(gpu.init_from(cpu).ok());
+  std::vector<float> back(cpu.layout().total());
+  REQUIRE(gpu.download_params(back.data()).ok());
+  CHECK(std::memcmp(back.data(), cpu.params(), back.size() * sizeof(float)) == 0);
+  std::vector<int32_t> tokens(2 * 8, 5), targets(2 * 8, 6);
+  REQUIRE(gpu.forward(tokens.data(), targets.data(), 2, 8).ok());
+  std::vector<float> losses(2 * 8);
+  REQUIRE(gpu.losses(losses.data()).ok());
+  CHECK(std::isfinite(losses[0]));
+
+  auto says_inference = [](const troupe::Status& s) {
+    INFO(s.to_string());
+    CHECK(s.code() == troupe::ErrorCode::invalid_argument);
+    CHECK_THAT(s.message(), Catch::Contains("made for inference"));
+  };
+  std::vector<float> dlosses(2 * 8, 1.0f);
+  says_inference(gpu.zero_grad());
+  says_inference(gpu.backward(dlosses.data()));
+  says_inference(gpu.upload_grads(back.data()));
+  says_inference(gpu.download_grads(back.data()));
+  says_inference(gpu.restore_adamw_state(back.data(), back.data(), 1));
+  auto step = gpu.adamw_step(AdamWConfig{});
+  REQUIRE_FALSE(step.has_value());
+  says_inference(step.error());
+  // Nothing it refused changed its parameters.
+  REQUIRE(gpu.download_params(back.data()).ok());
+  CHECK(std::memcmp(back.data(), cpu.params(), back.size() * sizeof(float)) == 0);
 }

@@ -127,7 +127,8 @@ class CudaDecoder final : public Decoder {
 
 // A GptCuda on the device `options` name, and the device's name.
 Result<std::pair<GptCuda, std::string>> make_gpt(const GptConfig& config, const DeviceModelOptions& options,
-                                                 const char* what, const char* cpu_instead, int* devices) {
+                                                 bool gradients, const char* what, const char* cpu_instead,
+                                                 int* devices) {
   auto count = GptCuda::device_count();
   if (!count) {
     return error(ErrorCode::unsupported,
@@ -137,7 +138,8 @@ Result<std::pair<GptCuda, std::string>> make_gpt(const GptConfig& config, const 
   const int device = options.device >= 0 ? options.device : static_cast<int>(options.rank % static_cast<size_t>(*count));
   auto gpt = GptCuda::make(config, {.device = device,
                                     .bf16_matmuls = options.precision == MatmulPrecision::bf16,
-                                    .tf32 = options.precision == MatmulPrecision::tf32});
+                                    .tf32 = options.precision == MatmulPrecision::tf32,
+                                    .gradients = gradients});
   if (!gpt) return error(gpt.error());
   cudaDeviceProp prop{};
   std::string name = "(unnamed device)";
@@ -151,7 +153,8 @@ Result<std::pair<GptCuda, std::string>> make_gpt(const GptConfig& config, const 
 
 Result<std::unique_ptr<DeviceModel>> make(const GptConfig& config, const DeviceModelOptions& options) {
   int devices = 0;
-  auto made = make_gpt(config, options, "device model", "train on the CPU (trainer.device = \"cpu\")", &devices);
+  auto made = make_gpt(config, options, /*gradients=*/true, "device model",
+                       "train on the CPU (trainer.device = \"cpu\")", &devices);
   if (!made) return error(made.error());
   return std::unique_ptr<DeviceModel>(new CudaDeviceModel(std::move(made->first), std::move(made->second), devices));
 }
@@ -161,7 +164,8 @@ Result<std::unique_ptr<Decoder>> make_decoder(const GptConfig& config, size_t sl
   GptConfig policy = config;
   policy.value_head = false;  // a decoder runs the policy alone
   int devices = 0;
-  auto made = make_gpt(policy, options, "device decoder", "generate on the CPU (rollout.device = \"cpu\")", &devices);
+  auto made = make_gpt(policy, options, /*gradients=*/false, "device decoder",
+                       "generate on the CPU (rollout.device = \"cpu\")", &devices);
   if (!made) return error(made.error());
   if (Status s = made->first.make_cache(slots); !s.ok()) return error(s);
   return std::unique_ptr<Decoder>(new CudaDecoder(std::move(made->first), std::move(made->second), slots));

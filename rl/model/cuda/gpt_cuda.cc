@@ -46,6 +46,15 @@ Status check(cublasStatus_t s, const char* what) {
 
 Status invalid(const std::string& message) { return Status(ErrorCode::invalid_argument, "gpt cuda: " + message); }
 
+// What an inference-only model (GptCudaOptions::gradients false) says when
+// asked to train.
+Status no_gradients(const char* what) {
+  return Status(ErrorCode::invalid_argument,
+                std::string("gpt cuda: ") + what +
+                    ": this model was made for inference (GptCudaOptions::gradients false) and has no gradients; "
+                    "make it with gradients to train it");
+}
+
 // a * b into *out, false on overflow.
 bool mul(size_t a, size_t b, size_t* out) { return !__builtin_mul_overflow(a, b, out); }
 
@@ -236,14 +245,16 @@ Status GptCuda::Impl::start() {
   GPT_CUDA_TRY(check(cublasSetMathMode(cublas, CUBLAS_DEFAULT_MATH), "cublasSetMathMode"));
   const size_t P = total();
   GPT_CUDA_TRY(params.allocate(P, "the parameters", ErrorCode::start_failed));
-  GPT_CUDA_TRY(grads.allocate(P, "the gradients", ErrorCode::start_failed));
+  if (options.gradients) GPT_CUDA_TRY(grads.allocate(P, "the gradients", ErrorCode::start_failed));
   if (bf16()) GPT_CUDA_TRY(params_bf16.allocate(P, "the bf16 parameters", ErrorCode::start_failed));
   fused = bf16() && options.fused_attention &&
           cuda::flash_attention_supported(config().channels / config().heads, options.device);
   GPT_CUDA_TRY(reduce.allocate(cuda::column_reduce_scratch_floats(4 * config().channels), "the reduction scratch",
                                ErrorCode::start_failed));
   GPT_CUDA_TRY(check(cudaMemsetAsync(params.get(), 0, P * sizeof(float), stream), "zeroing the parameters"));
-  GPT_CUDA_TRY(check(cudaMemsetAsync(grads.get(), 0, P * sizeof(float), stream), "zeroing the gradients"));
+  if (options.gradients) {
+    GPT_CUDA_TRY(check(cudaMemsetAsync(grads.get(), 0, P * sizeof(float), stream), "zeroing the gradients"));
+  }
   return check(cudaStreamSynchronize(stream), "starting the model");
 }
 
@@ -711,9 +722,11 @@ Status GptCuda::download_params(float* host) {
   return impl_->copy_out(host, impl_->params.get(), impl_->total(), "downloading the parameters");
 }
 Status GptCuda::upload_grads(const float* host) {
+  if (!impl_->options.gradients) return no_gradients("upload_grads");
   return impl_->copy_in(impl_->grads.get(), host, impl_->total(), "uploading the gradients");
 }
 Status GptCuda::download_grads(float* host) {
+  if (!impl_->options.gradients) return no_gradients("download_grads");
   return impl_->copy_out(host, impl_->grads.get(), impl_->total(), "downloading the gradients");
 }
 
@@ -770,12 +783,14 @@ Status GptCuda::losses(float* host) {
 
 Status GptCuda::zero_grad() {
   Impl& m = *impl_;
+  if (!m.options.gradients) return no_gradients("zero_grad");
   GPT_CUDA_TRY(check(cudaSetDevice(m.options.device), "cudaSetDevice"));
   return check(cudaMemsetAsync(m.grads.get(), 0, m.total() * sizeof(float), m.stream), "zeroing the gradients");
 }
 
 Status GptCuda::backward(const float* dlosses) {
   Impl& m = *impl_;
+  if (!m.options.gradients) return no_gradients("backward");
   if (!m.have_forward) return invalid("backward: no forward before it (the backward needs its activations)");
   if (dlosses == nullptr) return invalid("backward: null dlosses");
   GPT_CUDA_TRY(check(cudaSetDevice(m.options.device), "cudaSetDevice"));
@@ -786,6 +801,7 @@ Status GptCuda::backward(const float* dlosses) {
 Result<double> GptCuda::adamw_step(const AdamWConfig& config) {
   Impl& m = *impl_;
   auto fail = [](Status s) { return Result<double>(error(std::move(s))); };
+  if (!m.options.gradients) return fail(no_gradients("adamw_step"));
   if (Status s = check(cudaSetDevice(m.options.device), "cudaSetDevice"); !s.ok()) return fail(s);
   if (Status s = m.ensure_optimizer(); !s.ok()) return fail(s);
   const size_t P = m.total();
@@ -840,6 +856,7 @@ Status GptCuda::download_adamw_state(float* m_host, float* v_host) {
 Status GptCuda::restore_adamw_state(const float* m_host, const float* v_host, size_t steps) {
   Impl& m = *impl_;
   if (m_host == nullptr || v_host == nullptr) return invalid("restore_adamw_state: null host pointer");
+  if (!m.options.gradients) return no_gradients("restore_adamw_state");
   GPT_CUDA_TRY(check(cudaSetDevice(m.options.device), "cudaSetDevice"));
   GPT_CUDA_TRY(m.ensure_optimizer());
   GPT_CUDA_TRY(m.copy_in(m.moment1.get(), m_host, m.total(), "copying the first moment in"));

@@ -63,6 +63,11 @@ struct GptCudaOptions {
   /// head size allows; false keeps cuBLAS's products on the whole (T,T)
   /// scores (TF32), the baseline the fused kernels are measured against.
   bool fused_attention = true;
+  /// false: an inference-only model (a rollout engine's decoder). No
+  /// gradient buffer is allocated (as many floats as the parameters), and
+  /// what needs one (zero_grad, backward, adamw_step, restore_adamw_state,
+  /// the gradients' copies) is refused with that reason.
+  bool gradients = true;
 };
 
 /// A GPT (config.h) whose parameters, gradients, AdamW moments and
@@ -155,6 +160,7 @@ class GptCuda {
   /// Writing the parameters through the pointer: call device_params()
   /// again after each write, so that bf16 products round them anew.
   float* device_params();
+  /// nullptr for an inference-only model (GptCudaOptions::gradients).
   float* device_grads();
   /// Waits for all enqueued work; reports a fault that happened in it.
   Status synchronize();
