@@ -26,6 +26,8 @@
 #include <climits>
 #include <atomic>
 #include <chrono>
+#include <memory>
+#include <mutex>
 #include <span>
 #include <cstring>
 #include <random>
@@ -86,6 +88,14 @@ std::vector<std::byte> input(const Case& k, uint32_t rank, uint64_t seed) {
     }
   }
   return v;
+}
+
+/// Every rank's input to case `k` from `seed`, in rank order.
+using Inputs = std::vector<std::vector<std::byte>>;
+Inputs inputs_of(const Case& k, uint32_t n, uint64_t seed) {
+  Inputs in;
+  for (uint32_t q = 0; q < n; ++q) in.push_back(input(k, q, seed));
+  return in;
 }
 
 /// What rank `rank` must hold after the collective; `valid[i]` false where
@@ -158,14 +168,12 @@ struct Placement {
   size_t offset_elems = 0;
 };
 
-/// Runs case `k` (number `c` of a sequence seeded `seed`) as rank `r` on
-/// `arena`: its buffer a CollectiveBuffer or ordinary memory per `where`.
-/// The elements that differ from the reference, or the error.
-troupe::Result<size_t> run_case(HostArena& arena, ArenaRank& me, const Case& k, uint64_t seed, uint32_t n,
+/// Runs case `k` as rank `r` on `arena`, every rank's input in `in`
+/// (inputs_of): its buffer a CollectiveBuffer or ordinary memory per
+/// `where`. The elements that differ from the reference, or the error.
+troupe::Result<size_t> run_case(HostArena& arena, ArenaRank& me, const Case& k, const Inputs& in,
                                 const Placement& where) {
   const uint32_t r = me.rank;
-  std::vector<std::vector<std::byte>> in;
-  for (uint32_t q = 0; q < n; ++q) in.push_back(input(k, q, seed));
   size_t width = troupe::dtype_size(k.dtype);
   std::vector<std::byte> plain;
   troupe::CollectiveBuffer shared;
@@ -199,11 +207,20 @@ size_t run_all(Arenas& a, const std::vector<Case>& cases, uint64_t seed, std::ve
   uint32_t n = static_cast<uint32_t>(a.mapped.size());
   std::vector<size_t> wrong(n, 0);
   errors.assign(n, "");
+  // Each case's inputs are made once, by the first rank to reach it, and
+  // dropped when the last has taken them (not n times over: with 8 ranks
+  // that was most of a run's time).
+  std::vector<std::once_flag> made(cases.size());
+  std::vector<std::shared_ptr<const Inputs>> shared(cases.size());
+  std::vector<std::atomic<uint32_t>> taken(cases.size());
   std::vector<std::thread> threads;
   for (uint32_t r = 0; r < n; ++r) {
     threads.emplace_back([&, r] {
       for (size_t c = 0; c < cases.size(); ++c) {
-        auto done = run_case(a.of(r), a.ranks[r], cases[c], seed + c, n, where);
+        std::call_once(made[c], [&] { shared[c] = std::make_shared<const Inputs>(inputs_of(cases[c], n, seed + c)); });
+        const std::shared_ptr<const Inputs> in = shared[c];
+        if (taken[c].fetch_add(1) + 1 == n) shared[c].reset();
+        auto done = run_case(a.of(r), a.ranks[r], cases[c], *in, where);
         if (!done) {
           errors[r] = done.error().to_string();
           return;
@@ -479,7 +496,7 @@ TEST_CASE("host arena: ranks in separate processes read each other's buffers in 
       size_t wrong = 0;
       for (const Placement& where : {Placement{{true, false, true, true}}, Placement{std::vector<bool>(n, true), 3}}) {
         for (size_t c = 0; c < cases.size(); ++c) {
-          auto done = run_case(*arena, me, cases[c], 500 + c, n, where);
+          auto done = run_case(*arena, me, cases[c], inputs_of(cases[c], n, 500 + c), where);
           if (!done) {
             std::fprintf(stderr, "rank %u: %s\n", r, done.error().to_string().c_str());
             ::_exit(255);
