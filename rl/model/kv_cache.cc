@@ -99,9 +99,9 @@ Status KvCache::append(std::span<const DecodeRow> rows, float* logits) {
         const size_t len = positions_[i] + 1;
         const float* keys = key(l, rows[i].slot, 0);
         const float* values = value(l, rows[i].slot, 0);
+        float* s = scores_.data() + i * config_.context_length;
         for (size_t h = 0; h < NH; ++h) {
           const float* q = qkv_.data() + i * 3 * C + h * hs;
-          float* s = scores_.data() + i * config_.context_length;
           // scores = K_h (len, hs) x q * scale; out = V_h^T (hs, len) x softmax(scores).
           cblas_sgemv(CblasRowMajor, CblasNoTrans, static_cast<int>(len), static_cast<int>(hs), scale, keys + h * hs,
                       static_cast<int>(C), q, 1, 0.0f, s, 1);

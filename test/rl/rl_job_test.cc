@@ -108,7 +108,9 @@ void check_same_steps(const std::vector<nlohmann::json>& a, const std::vector<nl
 // time.
 std::string main_example_on_two(bool disaggregated, const std::string& trainer_extra) {
   std::string text = read_file(TROUPE_EXAMPLES_DIR "/rl/arithmetic_grpo.toml");
-  text.replace(text.find("\nsteps = 300\n"), 13, "\nsteps = 100\n");
+  const size_t steps = text.find("\nsteps = 300\n");
+  REQUIRE(steps != std::string::npos);
+  text.replace(steps, 13, "\nsteps = 100\n");
   if (disaggregated) text.replace(text.find("placement = \"colocated\""), 23, "placement = \"disaggregated\"");
   text.replace(text.find("ranks = 1"), 9, "ranks = 2" + trainer_extra);
   text.replace(text.find("engines = 1"), 11, "engines = 2");

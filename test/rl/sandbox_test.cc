@@ -419,12 +419,6 @@ constexpr const char* kThreeChildren =
     "os.close(hold_w)\n"
     "print(ready, sorted(os.waitstatus_to_exitcode(os.waitpid(p, 0)[1]) for p in pids))\n";
 
-/// True where sandbox runs get a memory cgroup on this machine (as root
-/// here, and in CI). Where they do not (a cgroup v2 host without a
-/// delegated cgroup), checks what a run does instead (it goes on without
-/// one, and is refused with the reason when one is required) and warns why,
-/// so that a caller skips its checks of the cgroup only with the fallback
-/// checked in their place.
 /// Where runs get no memory cgroup: a run goes on without one (no peak
 /// counted), and one that requires it is refused, the reason containing
 /// `why`.
@@ -442,6 +436,12 @@ void check_runs_without_cgroup(const std::string& why) {
   CHECK_THAT(refused.error().message(), Catch::Contains(why) && Catch::Contains("require_memory_cgroup"));
 }
 
+/// True where sandbox runs get a memory cgroup on this machine (as root
+/// here, and in CI). Where they do not (a cgroup v2 host without a
+/// delegated cgroup), checks what a run does instead (it goes on without
+/// one, and is refused with the reason when one is required) and warns why,
+/// so that a caller skips its checks of the cgroup only with the fallback
+/// checked in their place.
 bool memory_cgroups_here() {
   const troupe::Status available = reward::sandbox_memory_cgroup_available();
   if (available.ok()) return true;
