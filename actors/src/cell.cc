@@ -99,7 +99,7 @@ Status send(CellControl* to, Envelope&& env) {
       }
       return s;
     }
-    if (auto node = cell->remote().node.lock()) return node->send_envelope(cell, std::move(env));
+    if (auto node = cell->remote().node.lock()) return node->send_envelope(cell, env);
   }
   if (Relay* relay = cell->relay(); relay != nullptr && !cell->dead()) return relay->send(std::move(env));
   if (cell->dead()) {
@@ -124,6 +124,21 @@ Status send(CellControl* to, Envelope&& env) {
   cell->enqueue(caf::make_mailbox_element(nullptr, caf::make_message_id(), {}, std::move(env)),
                 current_context());
   return {};
+}
+
+Status send_unless_lost(CellControl* to, Envelope& env) {
+  Cell* cell = cell_of(to);
+  if (cell->dead()) {
+    return Status(ErrorCode::actor_dead,
+                  "send: actor " + cell->path() + " has stopped (" + cell->final_reason().to_string() + ")");
+  }
+  if (cell->is_remote()) {
+    if (cell->remote_lost()) {
+      return Status(ErrorCode::peer_lost, "send: the connection to " + cell->path() + "'s process was lost");
+    }
+    if (auto node = cell->remote().node.lock()) return node->send_envelope(cell, env, /*keep_if_lost=*/true);
+  }
+  return send(to, std::move(env));
 }
 
 void post_reply(CellControl* asker, PendingAsk* node) {

@@ -48,6 +48,30 @@ using reward::RewardWorker;
 
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
+// How asks of a member between incarnations fail.
+bool between_incarnations(ErrorCode code) { return code == ErrorCode::peer_lost || code == ErrorCode::actor_dead; }
+
+// Runs `ask` (an idempotent ask of a mesh member that may be between
+// incarnations) and runs it again, paced, while it fails the way such a
+// member's asks do (peer_lost, actor_dead; and `busy` too where given), for
+// up to `timeout`. The restart notice can come before this process sees
+// the old incarnation's connection close, and an ask sent in between fails
+// with peer_lost: that is not the member's answer.
+template <class F>
+auto until_back(F ask, std::chrono::milliseconds timeout, std::optional<ErrorCode> busy = std::nullopt) {
+  const auto deadline = Clock::now() + timeout;
+  auto backoff = std::chrono::milliseconds(20);
+  for (;;) {
+    auto r = ask();
+    if (r) return r;
+    const ErrorCode code = r.error().code();
+    const bool transient = between_incarnations(code) || code == busy;
+    if (!transient || Clock::now() + backoff >= deadline) return r;
+    std::this_thread::sleep_for(backoff);  // retry pacing while the member restarts
+    backoff = std::min(backoff * 2, std::chrono::milliseconds(500));
+  }
+}
+
 // A failure of a mesh member, from the meshes' owner to the driver's thread.
 struct FaultEvent {
   std::string mesh;
@@ -817,6 +841,9 @@ Result<std::vector<trainer::TrainerInfo>> Job::trainer_infos() const {
   std::vector<trainer::TrainerInfo> out;
   for (size_t r = 0; r < asks.size(); ++r) {
     auto i = asks[r].get();
+    // A rank being restarted: ask it alone until it is back.
+    if (!i && between_incarnations(i.error().code()))
+      i = until_back([&] { return T.member(r).ask(trainer::GetTrainerInfo{}, timeout_).get(); }, timeout_);
     if (!i) return error(i.error().code(), "trainer rank " + std::to_string(r) + " is not back: " + i.error().message());
     out.push_back(*i);
   }
@@ -858,26 +885,12 @@ Status Job::warmup() {
 }
 
 Status Job::sync_engine(size_t e) {
-  // Called for an engine the job was told restarts: the notice (from the
-  // head) can come before this process sees the old incarnation's
-  // connection close, and an ask sent in between fails undelivered with
-  // peer_lost. The sync is idempotent: ask again, paced, until it is back.
-  // An engine still finishing a sync (already_exists: a broadcast whose
+  // Called for an engine the job was told restarts. The sync is idempotent;
+  // an engine still finishing a sync (already_exists: a broadcast whose
   // answer did not come in time) is asked again the same way.
-  const auto deadline = Clock::now() + timeout_;
-  auto backoff = std::chrono::milliseconds(20);
-  for (;;) {
-    auto r = meshes_.engines->member(e).ask(rollout::SyncWeights{*published_}, timeout_).get();
-    if (r) return {};
-    const ErrorCode code = r.error().code();
-    const bool transient =
-        code == ErrorCode::peer_lost || code == ErrorCode::actor_dead || code == ErrorCode::already_exists;
-    if (!transient || Clock::now() + backoff >= deadline) {
-      return r.error();
-    }
-    std::this_thread::sleep_for(backoff);  // retry pacing while the engine restarts
-    backoff = std::min(backoff * 2, std::chrono::milliseconds(500));
-  }
+  auto r = until_back([&] { return meshes_.engines->member(e).ask(rollout::SyncWeights{*published_}, timeout_).get(); },
+                      timeout_, ErrorCode::already_exists);
+  return r ? Status() : r.error();
 }
 
 std::vector<GroupRanks> sync_group_parts(const Meshes& m) {

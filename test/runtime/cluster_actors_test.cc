@@ -7,8 +7,10 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <condition_variable>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
 #include <set>
 #include <string>
 #include <thread>
@@ -470,6 +472,63 @@ TEST_CASE("cluster actors: the ref spawn returns follows its actor across restar
   // The same ref reaches the next incarnation, which has the snapshot.
   CHECK(counter.ask(Total{}).get().value() == 5);
   CHECK(counter.ask(Pid{}).get().value() != pid);
+}
+
+TEST_CASE("cluster actors: bursts of asks from several threads across a kill -9 of the worker: each thread "
+          "reaches the next incarnation, and only asks in flight fail",
+          "[cluster][actors]") {
+  // Without max_task_retries an ask written to the old connection before it
+  // broke may fail (at most once), with the lost connection as its reason.
+  // Every other ask waits for the next incarnation: one sent once the
+  // connection was known lost, and one that found it closed before this
+  // process heard the actor was gone (it reached nothing, see
+  // detail::send_unless_lost).
+  LocalCluster local(1);
+  auto& cluster = local.cluster;
+  auto counter = cluster.spawn<Counter>({.max_restarts = -1}, 0, "undelivered").value();
+  const int64_t pid = counter.ask(Pid{}).get().value();
+  constexpr int kAskers = 4;
+  constexpr int kBurst = 64;
+  std::mutex mu;
+  std::condition_variable started;
+  int asking = 0;                     // REQUIRES: mu
+  std::vector<std::string> failures;  // REQUIRES: mu
+  std::vector<int64_t> reached(kAskers, 0);
+  std::vector<std::thread> askers;
+  for (int a = 0; a < kAskers; ++a) {
+    askers.emplace_back([&, a] {
+      const auto deadline = std::chrono::steady_clock::now() + 30s;
+      for (bool first = true; std::chrono::steady_clock::now() < deadline; first = false) {
+        std::vector<troupe::Future<int64_t>> burst;
+        for (int i = 0; i < kBurst; ++i) burst.push_back(counter.ask(Pid{}, 20s));
+        if (first) {
+          std::lock_guard<std::mutex> lock(mu);
+          ++asking;
+          started.notify_one();
+        }
+        for (auto& f : burst) {
+          auto r = f.get();
+          if (r && *r != pid) reached[a] = *r;
+          if (!r) {
+            std::lock_guard<std::mutex> lock(mu);
+            failures.push_back(r.error().message());
+          }
+        }
+        if (reached[a] != 0) return;
+      }
+    });
+  }
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    started.wait(lock, [&] { return asking == kAskers; });  // every asker is sending
+  }
+  REQUIRE(::kill(static_cast<pid_t>(pid), SIGKILL) == 0);
+  for (auto& t : askers) t.join();
+  for (int a = 0; a < kAskers; ++a) CHECK(reached[a] > 0);  // each reached the next incarnation
+  for (const auto& f : failures) {
+    INFO(f);
+    CHECK_THAT(f, Catch::Contains("lost the connection"));  // in flight, never undelivered
+  }
 }
 
 TEST_CASE("cluster actors: with max_task_retries, asks in flight when the worker dies run on the next "

@@ -489,9 +489,12 @@ Result<CellPtr> Node::resolve(const std::string& address, const std::string& nam
   return proxy;
 }
 
-Status Node::send_envelope(Cell* proxy, Envelope&& env) {
+Status Node::send_envelope(Cell* proxy, Envelope& env, bool keep_if_lost) {
+  // A frame the transport refused with peer_lost never left: nothing of it
+  // reached the actor, so the caller may send it elsewhere.
+  auto keep = [&](const Status& s) { return keep_if_lost && s.code() == ErrorCode::peer_lost; };
   auto fail = [&](Status s) {
-    if (env.reply) {
+    if (env.reply && !keep(s)) {
       ReplyRef r = std::move(env.reply);
       r->fail(s);
     }
@@ -531,7 +534,11 @@ Status Node::send_envelope(Cell* proxy, Envelope&& env) {
         peer->asks.erase(it);
       }
     }
-    if (r) r->fail(s);
+    if (r && keep(s)) {
+      env.reply = std::move(r);
+    } else if (r) {
+      r->fail(s);
+    }
   }
   return s;
 }

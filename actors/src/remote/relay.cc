@@ -109,6 +109,8 @@ class RetryReply final : public ReplyBase {
     asker_->complete_encoded(std::move(body), std::move(splices));
   }
   void* codec_context() const override { return asker_->codec_context(); }
+  /// The asker's reply back, for a message that never left (see route()).
+  ReplyRef take_asker() { return std::move(asker_); }
 
  private:
   std::shared_ptr<Relay::State> relay_;
@@ -165,6 +167,7 @@ Status Relay::State::route(uint64_t seq, Envelope&& env, uint32_t attempt, bool 
     }
     to = target;
   }
+  RetryReply* wrapper = nullptr;
   if (env.reply && max_retries > attempt) {
     // Keep the message's bytes: a retry rebuilds it for the next incarnation.
     std::string bytes;
@@ -186,14 +189,19 @@ Status Relay::State::route(uint64_t seq, Envelope&& env, uint32_t attempt, bool 
       encoded = env.box.encode(bytes, &splices);
     }
     if (encoded) {
-      ReplyRef wrapped(new RetryReply(shared_from_this(), std::move(env.reply), seq, attempt, wire_id,
-                                      std::move(bytes), std::move(splices), env.invoke, to));
-      env.reply = std::move(wrapped);
+      wrapper = new RetryReply(shared_from_this(), std::move(env.reply), seq, attempt, wire_id, std::move(bytes),
+                               std::move(splices), env.invoke, to);
+      env.reply = ReplyRef(wrapper);
     }
   }
-  Status s = detail::send(to.get(), std::move(env));
-  if (!s.ok() && incarnation_lost(s.code())) lost(to);
-  return s;
+  Status s = detail::send_unless_lost(to.get(), env);
+  if (s.ok() || !incarnation_lost(s.code())) return s;
+  // It reached nothing: the incarnation is gone, though this process had
+  // not heard yet (its connection closed a moment ago). The message waits
+  // for the next one like one sent a moment later; it is not a retry.
+  if (wrapper) env.reply = wrapper->take_asker();
+  lost(to);
+  return route(seq, std::move(env), attempt, from_flush);
 }
 
 void Relay::State::watch(const CellPtr& target) {
