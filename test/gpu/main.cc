@@ -2,14 +2,12 @@
 // as skipped (ctest's SKIP_RETURN_CODE), not as passed. The mesh tests'
 // worker processes are this executable, started by node agents: it serves as
 // one first when started as one.
-#define CATCH_CONFIG_RUNNER
 #include <cuda_runtime_api.h>
 
 #include <cstdio>
 #include <cstring>
 
-#include <catch2/catch.hpp>
-
+#include "support/catch_session.h"
 #include "troupe/worker.h"
 
 int main(int argc, char** argv) {
@@ -21,5 +19,5 @@ int main(int argc, char** argv) {
     std::printf("no CUDA device here: [gpu] tests skipped\n");
     return 77;
   }
-  return Catch::Session().run(argc, argv);
+  return troupe::test::run_catch_session(argc, argv);
 }

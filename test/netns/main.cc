@@ -1,7 +1,6 @@
 // The two-host suite's entry point: network namespaces stand in for hosts.
 // Where they are not permitted (no root, a container without CAP_SYS_ADMIN,
 // no `ip`), every test reports as skipped (ctest's SKIP_RETURN_CODE).
-#define CATCH_CONFIG_RUNNER
 #include <unistd.h>
 
 #include <cstdio>
@@ -9,7 +8,7 @@
 #include <cstring>
 #include <string>
 
-#include <catch2/catch.hpp>
+#include "support/catch_session.h"
 
 int main(int argc, char** argv) {
   bool listing = false;
@@ -22,5 +21,5 @@ int main(int argc, char** argv) {
       return 77;
     }
   }
-  return Catch::Session().run(argc, argv);
+  return troupe::test::run_catch_session(argc, argv);
 }
