@@ -126,17 +126,20 @@ Status send(CellControl* to, Envelope&& env) {
   return {};
 }
 
-Status send_unless_lost(CellControl* to, Envelope& env) {
+Status send_unless_lost(CellControl* to, Envelope& env, bool& kept) {
+  kept = false;
   Cell* cell = cell_of(to);
   if (cell->dead()) {
+    kept = true;
     return Status(ErrorCode::actor_dead,
                   "send: actor " + cell->path() + " has stopped (" + cell->final_reason().to_string() + ")");
   }
   if (cell->is_remote()) {
     if (cell->remote_lost()) {
+      kept = true;
       return Status(ErrorCode::peer_lost, "send: the connection to " + cell->path() + "'s process was lost");
     }
-    if (auto node = cell->remote().node.lock()) return node->send_envelope(cell, env, /*keep_if_lost=*/true);
+    if (auto node = cell->remote().node.lock()) return node->send_envelope(cell, env, &kept);
   }
   return send(to, std::move(env));
 }

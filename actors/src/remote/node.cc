@@ -489,12 +489,15 @@ Result<CellPtr> Node::resolve(const std::string& address, const std::string& nam
   return proxy;
 }
 
-Status Node::send_envelope(Cell* proxy, Envelope& env, bool keep_if_lost) {
+Status Node::send_envelope(Cell* proxy, Envelope& env, bool* kept) {
   // A frame the transport refused with peer_lost never left: nothing of it
   // reached the actor, so the caller may send it elsewhere.
-  auto keep = [&](const Status& s) { return keep_if_lost && s.code() == ErrorCode::peer_lost; };
+  if (kept != nullptr) *kept = false;
+  auto keep = [&](const Status& s) { return kept != nullptr && s.code() == ErrorCode::peer_lost; };
   auto fail = [&](Status s) {
-    if (env.reply && !keep(s)) {
+    if (keep(s)) {
+      *kept = true;
+    } else if (env.reply) {
       ReplyRef r = std::move(env.reply);
       r->fail(s);
     }
@@ -525,22 +528,21 @@ Status Node::send_envelope(Cell* proxy, Envelope& env, bool keep_if_lost) {
     peer->asks.emplace(h.correlation, std::move(env.reply));
   }
   Status s = send_frame(*peer, h, std::move(payload), std::move(splices));
-  if (!s.ok() && h.correlation != 0) {
-    ReplyRef r;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (auto it = peer->asks.find(h.correlation); it != peer->asks.end()) {
-        r = std::move(it->second);
-        peer->asks.erase(it);
-      }
-    }
-    if (r && keep(s)) {
-      env.reply = std::move(r);
-    } else if (r) {
-      r->fail(s);
+  if (s.ok()) return s;
+  if (h.correlation == 0) return fail(s);  // a tell
+  ReplyRef r;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (auto it = peer->asks.find(h.correlation); it != peer->asks.end()) {
+      r = std::move(it->second);
+      peer->asks.erase(it);
     }
   }
-  return s;
+  // Not there: the connection's loss (on_lost) took the ask and failed it
+  // meanwhile, so the message is not the caller's to send again.
+  if (!r) return s;
+  env.reply = std::move(r);
+  return fail(s);
 }
 
 void Node::send_reply(transport::PeerId id, uint64_t correlation, std::string bytes,

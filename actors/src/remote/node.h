@@ -77,10 +77,10 @@ class Node : public std::enable_shared_from_this<Node> {
   Result<CellPtr> resolve(const std::string& address, const std::string& name, std::chrono::milliseconds timeout);
 
   /// Sends an envelope to the remote actor behind `proxy` (any thread). On
-  /// failure the reply is failed with the reason, except where
-  /// `keep_if_lost` and the message could not leave because the connection
-  /// is gone (peer_lost): then `env` keeps its message and reply.
-  Status send_envelope(Cell* proxy, Envelope& env, bool keep_if_lost = false);
+  /// failure the reply is failed with the reason, except where `kept` is
+  /// given and the message could not leave because the connection is gone
+  /// (peer_lost): then `env` keeps its message and reply, and *kept is true.
+  Status send_envelope(Cell* proxy, Envelope& env, bool* kept = nullptr);
 
   /// Remote buffers: registration, and reads/writes from any thread.
   Result<RemoteBuffer> register_region(void* data, size_t size);

@@ -194,13 +194,15 @@ Status Relay::State::route(uint64_t seq, Envelope&& env, uint32_t attempt, bool 
       env.reply = ReplyRef(wrapper);
     }
   }
-  Status s = detail::send_unless_lost(to.get(), env);
+  bool kept = false;
+  Status s = detail::send_unless_lost(to.get(), env, kept);
   if (s.ok() || !incarnation_lost(s.code())) return s;
+  lost(to);
+  if (!kept) return s;
   // It reached nothing: the incarnation is gone, though this process had
   // not heard yet (its connection closed a moment ago). The message waits
   // for the next one like one sent a moment later; it is not a retry.
   if (wrapper) env.reply = wrapper->take_asker();
-  lost(to);
   return route(seq, std::move(env), attempt, from_flush);
 }
 

@@ -420,11 +420,12 @@ class CellPtr {
 /// reply is failed with the reason and the same Status is returned.
 Status send(CellControl* to, Envelope&& env);
 /// Like send(), except that a message that reached nothing is left in `env`
-/// (message and reply) with the reason: actor_dead for an actor that has
-/// stopped, peer_lost where the connection to a remote actor's process is
-/// gone before the message left. A ref that follows the actor sends it to
-/// the next incarnation (at most once holds: it never ran).
-Status send_unless_lost(CellControl* to, Envelope& env);
+/// (message and reply), with `kept` set, and the reason returned: actor_dead
+/// for an actor that has stopped, peer_lost where the connection to a remote
+/// actor's process was gone before the message left. A ref that follows the
+/// actor sends it to the next incarnation (at most once holds: it never
+/// ran). Where `kept` is false, `env` was consumed as by send().
+Status send_unless_lost(CellControl* to, Envelope& env, bool& kept);
 
 /// The cell's process-unique id (never reused) and its path.
 uint64_t cell_id(CellControl* c);
