@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <map>
 #include <thread>
 
 #include "tasks/draw.h"
@@ -188,8 +189,8 @@ Result<double> code_reward(const CodeProblem& problem, std::string_view completi
 }
 
 Result<std::vector<double>> code_rewards(std::span<const CodeProblem> problems,
-                                         std::span<const std::string> completions,
-                                         const reward::SandboxLimits& limits, size_t max_concurrent) {
+                                         std::span<const std::string> completions, const reward::SandboxLimits& limits,
+                                         size_t max_concurrent, size_t* runs) {
   if (problems.size() != completions.size()) {
     return error(ErrorCode::invalid_argument, "code rewards: " + std::to_string(problems.size()) + " problems for " +
                                                   std::to_string(completions.size()) +
@@ -199,11 +200,27 @@ Result<std::vector<double>> code_rewards(std::span<const CodeProblem> problems,
     return error(ErrorCode::invalid_argument, "code rewards: max_concurrent is 0; need at least 1");
   }
   const size_t n = problems.size();
+  // One run per distinct (tests, completion): the sandbox sees nothing
+  // else, so a repeat's reward is the first one's.
+  using Key = std::pair<const std::vector<std::pair<int64_t, int64_t>>*, const std::string*>;
+  auto less = [](const Key& a, const Key& b) {
+    if (*a.second != *b.second) return *a.second < *b.second;
+    return *a.first < *b.first;
+  };
+  std::map<Key, size_t, decltype(less)> first_of(less);
+  std::vector<size_t> unique;     // indices that run
+  std::vector<size_t> source(n);  // the index whose run gives i its reward
+  for (size_t i = 0; i < n; ++i) {
+    auto [it, inserted] = first_of.try_emplace(Key{&problems[i].tests, &completions[i]}, i);
+    if (inserted) unique.push_back(i);
+    source[i] = it->second;
+  }
   std::vector<double> rewards(n, 0.0);
   std::vector<Status> errors(n);
   std::atomic<size_t> next{0};
   auto work = [&] {
-    for (size_t i; (i = next.fetch_add(1, std::memory_order_relaxed)) < n;) {
+    for (size_t k; (k = next.fetch_add(1, std::memory_order_relaxed)) < unique.size();) {
+      const size_t i = unique[k];
       auto r = code_reward(problems[i], completions[i], limits);
       if (r) {
         rewards[i] = *r;
@@ -214,12 +231,14 @@ Result<std::vector<double>> code_rewards(std::span<const CodeProblem> problems,
   };
   {
     std::vector<std::jthread> helpers;
-    for (size_t t = 1; t < std::min(max_concurrent, n); ++t) helpers.emplace_back(work);
+    for (size_t t = 1; t < std::min(max_concurrent, unique.size()); ++t) helpers.emplace_back(work);
     work();
   }
-  for (const Status& s : errors) {
-    if (!s.ok()) return error(s);
+  for (size_t i = 0; i < n; ++i) {
+    if (!errors[source[i]].ok()) return error(errors[source[i]]);
+    rewards[i] = rewards[source[i]];
   }
+  if (runs != nullptr) *runs = unique.size();
   return rewards;
 }
 

@@ -90,9 +90,12 @@ Result<double> code_reward(const CodeProblem& problem, std::string_view completi
 /// code_reward of `completions[i]` against `problems[i]` for every i
 /// (same lengths), at most `max_concurrent` sandboxes at a time (threads of
 /// this call; at least 1). The rewards are those of the serial calls; the
-/// error is that of the first index that failed.
+/// error is that of the first index that failed. A completion that repeats
+/// an earlier one on the same tests (a group's samples often agree) is run
+/// once and takes that run's reward; `runs`, where given, is set to the
+/// number of sandboxed runs made.
 Result<std::vector<double>> code_rewards(std::span<const CodeProblem> problems,
-                                         std::span<const std::string> completions,
-                                         const reward::SandboxLimits& limits, size_t max_concurrent);
+                                         std::span<const std::string> completions, const reward::SandboxLimits& limits,
+                                         size_t max_concurrent, size_t* runs = nullptr);
 
 }  // namespace troupe::rl::tasks

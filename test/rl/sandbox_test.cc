@@ -728,6 +728,39 @@ TEST_CASE("code task: scoring many completions in parallel equals scoring them o
   CHECK_FALSE(tasks::code_rewards(batch, completions, tasks::code_limits(), 0));
 }
 
+TEST_CASE("code task: a completion repeated on the same tests runs once and every repeat takes its reward",
+          "[rl][sandbox][task]") {
+  require_sandbox();
+  auto problems = tasks::CodeTask::make({}, 5).value().take(2);
+  REQUIRE(problems[0].tests != problems[1].tests);
+  // A group of 8 samples of problem 0 that mostly agree, and 3 of problem 1
+  // (its "x" is not problem 0's: other tests).
+  std::vector<tasks::CodeProblem> batch;
+  std::vector<std::string> completions;
+  auto add = [&](const tasks::CodeProblem& p, const std::string& c) {
+    batch.push_back(p);
+    completions.push_back(c);
+  };
+  for (int i = 0; i < 5; ++i) add(problems[0], problems[0].reference);
+  add(problems[0], "x+");
+  add(problems[0], "x");
+  add(problems[0], "x+");
+  add(problems[1], problems[1].reference);
+  add(problems[1], "x");
+  add(problems[1], problems[1].reference);
+  size_t runs = 0;
+  auto rewards = tasks::code_rewards(batch, completions, tasks::code_limits(), 2, &runs);
+  REQUIRE(rewards);
+  CHECK(runs == 5);  // (0, reference), (0, "x+"), (0, "x"), (1, reference), (1, "x")
+  for (size_t i = 0; i < batch.size(); ++i) {
+    INFO(i << ": " << completions[i]);
+    CHECK((*rewards)[i] == tasks::code_reward(batch[i], completions[i]).value());
+  }
+  CHECK((*rewards)[0] == 1.0);
+  CHECK((*rewards)[5] == 0.0);
+  CHECK((*rewards)[8] == 1.0);
+}
+
 TEST_CASE("sandbox made by a user who is not root: a user namespace of its own, no capabilities, no network, "
           "and the user's own files read-only",
           "[rl][sandbox]") {
