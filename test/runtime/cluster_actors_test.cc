@@ -482,7 +482,8 @@ TEST_CASE("cluster actors: bursts of asks from several threads across a kill -9 
   // Every other ask waits for the next incarnation: one sent once the
   // connection was known lost, and one that found it closed before this
   // process heard the actor was gone (it reached nothing, see
-  // detail::send_unless_lost).
+  // detail::send_unless_lost; unless the loss, handled at that moment,
+  // failed it first, with the same reason as one in flight).
   LocalCluster local(1);
   auto& cluster = local.cluster;
   auto counter = cluster.spawn<Counter>({.max_restarts = -1}, 0, "undelivered").value();

@@ -409,23 +409,37 @@ std::shared_ptr<Node::Peer> Node::peer_for(const std::string& address, Status* w
 
 Status Node::send_frame(Peer& peer, const wire::Message& header, std::string payload,
                         std::vector<codec::Splice> splices) {
-  std::lock_guard<std::mutex> lock(peer.send_mu);
-  transport::OutFrame f;
-  if (auto* env = std::get_if<wire::EnvelopeHeader>(&header)) {
-    wire::EnvelopeHeader h = *env;
-    h.sequence = peer.next_seq++;
-    f.header = wire::encode(h);
-  } else {
-    f.header = wire::encode(header);
+  Status s;
+  {
+    std::lock_guard<std::mutex> lock(peer.send_mu);
+    transport::OutFrame f;
+    const bool envelope = std::holds_alternative<wire::EnvelopeHeader>(header);
+    if (envelope) {
+      wire::EnvelopeHeader h = std::get<wire::EnvelopeHeader>(header);
+      h.sequence = peer.next_seq;
+      f.header = wire::encode(h);
+    } else {
+      f.header = wire::encode(header);
+    }
+    f.payload = std::move(payload);
+    f.splices = std::move(splices);
+    peer.last_send_us = now_us();
+    s = transport_->send(peer.id, std::move(f));
+    // Only a frame that went out takes a sequence number: after one the
+    // transport refused (a full send queue), the next follows without a gap
+    // (the receiver closes a connection that skips one).
+    if (s.ok() && envelope) ++peer.next_seq;
   }
-  f.payload = std::move(payload);
-  f.splices = std::move(splices);
-  peer.last_send_us = now_us();
-  Status s = transport_->send(peer.id, std::move(f));
+  if (s.ok()) return s;
+  // A frame lost this way may have taken frames batched before it along: the
+  // connection cannot go on. Closing it (a no-op where the transport already
+  // has) makes the loss known (on_lost), so that peer_lost here always means
+  // the connection is gone. Outside send_mu: the close may report at once.
+  if (s.code() == ErrorCode::peer_lost) transport_->close(peer.id, s.message());
   // The peer refused our hello and the connection closed after a caller
   // found it open: the refusal (set before that close, which this failed
   // send observed) is the reason, not the closed connection.
-  if (!s.ok() && !peer.refused.ok()) return peer.refused;
+  if (!peer.refused.ok()) return peer.refused;
   return s;
 }
 

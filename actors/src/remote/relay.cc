@@ -253,9 +253,13 @@ void Relay::State::resolved(Result<CellPtr> next) {
   }
   caf::strong_actor_ptr self_cell;
   CellPtr watch_next;
+  bool flush = false;
   {
     std::lock_guard<std::mutex> lock(mu);
     resolving = false;
+    // One flush at a time: a flush already running (the previous target was
+    // lost while it ran) sends what waits to this target, in order.
+    flush = !flushing;
     flushing = true;
     if (next && *next) {
       target = *next;
@@ -270,7 +274,7 @@ void Relay::State::resolved(Result<CellPtr> next) {
   // In order, before anything sent meanwhile (which parks while flushing);
   // each goes through route() again: the new incarnation may be gone
   // already, or this may be the end.
-  for (;;) {
+  while (flush) {
     std::map<uint64_t, Parked> waiting;
     {
       std::lock_guard<std::mutex> lock(mu);
@@ -280,7 +284,18 @@ void Relay::State::resolved(Result<CellPtr> next) {
       }
       waiting.swap(parked);
     }
-    for (auto& [seq, p] : waiting) (void)route(seq, std::move(p.env), p.attempt, /*from_flush=*/true);
+    for (auto it = waiting.begin(); it != waiting.end(); it = waiting.erase(it)) {
+      {
+        // Lost again meanwhile, or an earlier message parked since (a kept
+        // one, a retried ask): the rest waits behind it, in order.
+        std::lock_guard<std::mutex> lock(mu);
+        if (resolving || (!parked.empty() && parked.begin()->first < it->first)) {
+          parked.merge(waiting);  // `it` onwards: the loop erased the rest
+          break;
+        }
+      }
+      (void)route(it->first, std::move(it->second.env), it->second.attempt, /*from_flush=*/true);
+    }
   }
   if (self_cell) {
     ExitReason why = ExitReason::killed(final.message());
