@@ -156,6 +156,32 @@ TEST_CASE("remote: kill -9 of the peer process fails pending asks with peer_lost
   CHECK((after.error().code() == ErrorCode::actor_dead || after.error().code() == ErrorCode::peer_lost));
 }
 
+TEST_CASE(
+    "remote: sends refused by a full send queue to a stopped peer leave the connection working once it reads "
+    "again",
+    "[remote]") {
+  PeerProcess peer;
+  auto config = test_config("tcp", false);
+  config.max_send_queue_bytes = 1 << 20;
+  troupe::Runtime client(config);
+  auto remote = client.resolve<Service>(peer.address() + "/service");
+  REQUIRE(remote.has_value());
+  REQUIRE(remote->ask(Echo{"alive?"}).get().value() == "echo: alive?");
+  // The peer stops reading: the sockets' buffers fill, then the queue, then
+  // a send is refused (well before the peer would be declared dead).
+  REQUIRE(::kill(peer.pid(), SIGSTOP) == 0);
+  const Sum big{std::vector<uint8_t>(256 << 10, 7)};
+  troupe::Status refused;
+  for (int i = 0; i < 10'000 && refused.ok(); ++i) refused = remote->tell(big);
+  CHECK(refused.code() == ErrorCode::mailbox_full);
+  REQUIRE(::kill(peer.pid(), SIGCONT) == 0);
+  // A refused frame took no place in the connection's sequence: the peer,
+  // reading again, takes what was queued and answers what comes after.
+  auto after = remote->ask(Echo{"still there?"}, 30s).get();
+  REQUIRE(after.has_value());
+  CHECK(*after == "echo: still there?");
+}
+
 TEST_CASE("remote: a separate process answers asks and refuses the wrong token", "[remote]") {
   PeerProcess peer("process-token");
   {

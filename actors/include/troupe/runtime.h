@@ -74,6 +74,10 @@ struct RuntimeConfig {
   std::string cluster_token{};
   /// Largest message payload accepted from a peer.
   uint64_t max_frame_bytes = uint64_t{1} << 30;
+  /// Bytes a connection may hold queued for a peer that reads slowly (or
+  /// not at all) before sends to it fail with mailbox_full; the connection
+  /// goes on once the peer reads again.
+  uint64_t max_send_queue_bytes = uint64_t{2} << 30;
   /// Heartbeats on idle connections, and how long a silent peer lives.
   std::chrono::milliseconds heartbeat_interval{250};
   std::chrono::milliseconds peer_dead_after{2000};

@@ -257,6 +257,7 @@ Node::~Node() { stop(); }
 Status Node::start() {
   transport::TransportLimits limits;
   limits.frame = config_.limits;
+  limits.max_send_queue_bytes = config_.max_send_queue_bytes;
   std::string scheme = config_.transport;
   Result<transport::Endpoint> at = transport::Endpoint{};
   if (!config_.listen.empty()) {

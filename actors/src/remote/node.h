@@ -47,6 +47,8 @@ struct NodeConfig {
   /// The cluster token every peer must present.
   std::string token;
   wire::Limits limits;
+  /// See RuntimeConfig::max_send_queue_bytes.
+  uint64_t max_send_queue_bytes = uint64_t{2} << 30;
   std::chrono::milliseconds heartbeat_interval{200};
   /// A peer silent for this long is declared lost.
   std::chrono::milliseconds dead_after{1000};
