@@ -88,6 +88,13 @@ void send_command(CellControl* to, Command cmd) {
                 current_context());
 }
 
+namespace {
+Status stopped(Cell* cell) {
+  return Status(ErrorCode::actor_dead,
+                "send: actor " + cell->path() + " has stopped (" + cell->final_reason().to_string() + ")");
+}
+}  // namespace
+
 Status send(CellControl* to, Envelope&& env) {
   Cell* cell = cell_of(to);
   if (cell->is_remote() && !cell->dead()) {
@@ -103,8 +110,7 @@ Status send(CellControl* to, Envelope&& env) {
   }
   if (Relay* relay = cell->relay(); relay != nullptr && !cell->dead()) return relay->send(std::move(env));
   if (cell->dead()) {
-    Status s(ErrorCode::actor_dead,
-             "send: actor " + cell->path() + " has stopped (" + cell->final_reason().to_string() + ")");
+    Status s = stopped(cell);
     if (env.reply) {
       ReplyRef r = std::move(env.reply);
       r->fail(s);
@@ -131,8 +137,7 @@ Status send_unless_lost(CellControl* to, Envelope& env, bool& kept) {
   Cell* cell = cell_of(to);
   if (cell->dead()) {
     kept = true;
-    return Status(ErrorCode::actor_dead,
-                  "send: actor " + cell->path() + " has stopped (" + cell->final_reason().to_string() + ")");
+    return stopped(cell);
   }
   if (cell->is_remote()) {
     if (cell->remote_lost()) {
