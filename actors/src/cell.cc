@@ -175,8 +175,8 @@ ExitReason decode_reason(const caf::error& e) {
   return ExitReason::failure(caf::to_string(e));
 }
 
-Cell::Cell(caf::actor_config& cfg, RuntimeImpl* rt, SpawnSpec spec, CellPtr parent, std::string path,
-           uint64_t id, uint64_t start_seq, ReplyRef start_reply)
+Cell::Cell(caf::actor_config& cfg, RuntimeImpl* rt, SpawnSpec spec, CellPtr parent, std::string path, uint64_t id,
+           uint64_t start_seq, ReplyRef start_reply)
     : caf::event_based_actor(cfg),
       rt_(rt),
       spec_(std::move(spec)),
@@ -188,7 +188,9 @@ Cell::Cell(caf::actor_config& cfg, RuntimeImpl* rt, SpawnSpec spec, CellPtr pare
       dequeue_mask_(bound_ >= 4096 ? 63 : 0),
       first_start_seq_(start_seq),
       start_reply_(std::move(start_reply)),
-      snapshot_(spec_.snapshot) {}
+      snapshot_(spec_.snapshot) {
+  if (spec_.relay) spec_.relay->adopt(id_);
+}
 
 Cell::~Cell() = default;
 
@@ -449,6 +451,12 @@ void Cell::terminate(ExitReason reason) {
     }
   }
   stash_.clear();
+  // Messages waiting in this cell's relay for an incarnation would wait for
+  // one no one will start now (a supervisor that gave up on its child).
+  if (Relay* relay = this->relay()) {
+    relay->close(id_, Status(ErrorCode::actor_dead, "send: actor " + path_ + " stopped (" + reason.to_string() +
+                                                        ") while the message waited for its next incarnation"));
+  }
   clear_asks();
   quit(encode_reason(reason));
 }

@@ -10,6 +10,7 @@
 #include <condition_variable>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <mutex>
 #include <set>
 #include <string>
@@ -22,6 +23,7 @@
 
 #include "support/local_cluster.h"
 #include "support/test_driver.h"
+#include "troupe/detail/fault_points.h"
 #include "troupe/init.h"
 #include "troupe/remote_child.h"
 
@@ -532,6 +534,51 @@ TEST_CASE("cluster actors: bursts of asks from several threads across a kill -9 
   }
 }
 
+TEST_CASE(
+    "cluster actors: asks that find the old incarnation's connection closed before this process has "
+    "handled its loss wait for the next incarnation and run there, in order",
+    "[cluster][actors]") {
+  // The race's window (the transport refuses sends on a connection that
+  // closed, and the loss is not handled yet) is held open with a fault point
+  // rather than hit by luck. Before detail::send_unless_lost, the first ask
+  // sent in it failed with "send: connection N is closed" (a CI failure of
+  // 2026-11-26), though it never left this process.
+  LocalCluster local(1);
+  auto& cluster = local.cluster;
+  auto info = cluster.spawn_info<Counter>({.max_restarts = -1}, 0, "window").value();
+  auto counter = cluster.follow<Counter>(info).value();
+  REQUIRE(counter.ask(Add{3}).get().value() == 3);
+  const int64_t pid = counter.ask(Pid{}).get().value();
+
+  std::promise<void> entered;
+  std::promise<void> release;
+  std::future<void> in_window = entered.get_future();
+  std::shared_future<void> released = release.get_future().share();
+  std::atomic<bool> held{false};
+  troupe::detail::faults::set_before_peer_lost(
+      [&entered, &held, released, address = info.address](const std::string& lost) {
+        if (lost != address || held.exchange(true)) return;
+        entered.set_value();
+        (void)released.wait_for(10s);  // bounded: the transport's other events wait too
+      });
+  struct Unhook {
+    ~Unhook() { troupe::detail::faults::set_before_peer_lost({}); }
+  } unhook;
+
+  REQUIRE(::kill(static_cast<pid_t>(pid), SIGKILL) == 0);
+  REQUIRE(in_window.wait_for(20s) == std::future_status::ready);
+  std::vector<troupe::Future<int>> asks;
+  for (int i = 0; i < 8; ++i) asks.push_back(counter.ask(Add{1}, 30s));
+  release.set_value();
+  for (int i = 0; i < 8; ++i) {
+    auto r = asks[static_cast<size_t>(i)].get();
+    INFO("ask " << i << ": " << (r ? std::string("answered") : r.error().message()));
+    REQUIRE(r.has_value());
+    CHECK(*r == 4 + i);  // on the snapshot (3), once each, in the order sent
+  }
+  CHECK(counter.ask(Pid{}).get().value() != pid);
+}
+
 TEST_CASE("cluster actors: with max_task_retries, asks in flight when the worker dies run on the next "
           "incarnation, in order",
           "[cluster][actors]") {
@@ -632,6 +679,53 @@ TEST_CASE("cluster actors: a supervisor's child on the cluster: its worker's or 
     if (!stopped) std::this_thread::sleep_for(10ms);  // polling the head
   }
   CHECK(stopped);
+}
+
+TEST_CASE(
+    "cluster actors: when a supervisor gives up on its child on the cluster, asks waiting for the child's "
+    "next incarnation fail at once with actor_dead, not at their timeout",
+    "[cluster][actors]") {
+  LocalCluster local(1);
+  auto& cluster = local.cluster;
+  const std::string marker =
+      (std::filesystem::temp_directory_path() / ("troupe-fragile-child-" + std::to_string(getpid()))).string();
+  std::filesystem::remove(marker);
+  troupe::SupervisorSpec spec;
+  spec.strategy = troupe::Strategy::one_for_one;
+  spec.intensity = 1;  // the crash is restarted once; that restart's failure gives up
+  spec.period = 60s;
+  spec.children.push_back(troupe::remote_worker<Fragile>(cluster, "fragile", {.max_task_retries = 1}, marker));
+  auto sup = local.rt.start_supervisor("app", spec).value();
+  auto fragile = sup.child<Fragile>("fragile").value();
+  REQUIRE(fragile.ask(Total{}).get().value() == 1);
+  auto down = local.rt.monitor(sup.ref(), 30s);
+
+  // The actor crashes and cannot start again: asks sent now wait in the
+  // child's relay (or come back to it from the dead actor's mailbox, to be
+  // retried) while the supervisor restarts the child and the restart fails.
+  std::ofstream(marker) << "gone";
+  REQUIRE(fragile.tell(Crash{}).ok());
+  const auto ask_timeout = 20s;
+  std::vector<troupe::Future<int>> asks;
+  for (int i = 0; i < 16; ++i) {
+    (void)fragile.tell(Total{});  // tells are dropped with the child, and must not hold anything up
+    asks.push_back(fragile.ask(Total{}, ask_timeout));
+  }
+  for (auto& a : asks) {
+    auto r = a.get();
+    REQUIRE_FALSE(r.has_value());
+    // Without closing the relay these waited for an incarnation no one
+    // would start, and ended with `timeout` after 20 s.
+    CHECK(r.error().code() == ErrorCode::actor_dead);
+    CHECK_THAT(r.error().message(), Catch::Contains("stopped"));
+  }
+  auto why = down.get();
+  std::filesystem::remove(marker);
+  REQUIRE(why.has_value());
+  CHECK_THAT(why->to_string(), Catch::Contains("max restart intensity"));
+  auto after = fragile.ask(Total{}).get();
+  REQUIRE_FALSE(after.has_value());
+  CHECK(after.error().code() == ErrorCode::actor_dead);
 }
 
 TEST_CASE("cluster actors: troupe::init with no address starts an embedded cluster whose workers run this "

@@ -14,6 +14,7 @@
 #include "log.h"
 #include "receive_pool.h"
 #include "runtime_impl.h"
+#include "troupe/detail/fault_points.h"
 #include "troupe/future.h"
 #include "troupe/message.h"
 
@@ -893,7 +894,32 @@ void Node::on_envelope(const std::shared_ptr<Peer>& peer, const wire::EnvelopeHe
   }
 }
 
+namespace {
+std::atomic<bool> before_peer_lost_set{false};
+std::mutex before_peer_lost_mu;
+std::function<void(const std::string&)> before_peer_lost;  // REQUIRES: before_peer_lost_mu
+}  // namespace
+
+void faults::set_before_peer_lost(std::function<void(const std::string& address)> hook) {
+  std::lock_guard<std::mutex> lock(before_peer_lost_mu);
+  before_peer_lost_set.store(static_cast<bool>(hook), std::memory_order_relaxed);
+  before_peer_lost = std::move(hook);
+}
+
 void Node::on_lost(transport::PeerId id, Status why) {
+  if (before_peer_lost_set.load(std::memory_order_relaxed)) {
+    std::string address;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (auto it = peers_.find(id); it != peers_.end()) address = it->second->address;
+    }
+    std::function<void(const std::string&)> hook;
+    {
+      std::lock_guard<std::mutex> lock(before_peer_lost_mu);
+      hook = before_peer_lost;
+    }
+    if (hook) hook(address);
+  }
   std::shared_ptr<Peer> peer;
   std::vector<ReplyRef> resolves;
   std::vector<caf::strong_actor_ptr> proxies;

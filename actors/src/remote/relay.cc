@@ -32,6 +32,8 @@ struct Relay::State : std::enable_shared_from_this<Relay::State> {
   CellPtr target;          // the incarnation now; empty while resolving or dead
   bool resolving = false;
   Status final;            // set once there is no next incarnation
+  Status closed;           // set while the cell standing for the actor is stopped (close())
+  uint64_t owner = 0;      // the id of the cell that stands for the actor (adopt())
   uint64_t next_seq = 1;
   /// Messages waiting for the next incarnation, by the order they were first
   /// sent (a retried ask keeps its place ahead of later messages).
@@ -145,8 +147,8 @@ Status Relay::State::route(uint64_t seq, Envelope&& env, uint32_t attempt, bool 
   CellPtr to;
   {
     std::unique_lock<std::mutex> lock(mu);
-    if (!final.ok()) {
-      Status s = final;
+    if (!final.ok() || !closed.ok()) {
+      Status s = final.ok() ? closed : final;
       lock.unlock();
       if (env.reply) {
         ReplyRef r = std::move(env.reply);
@@ -360,7 +362,41 @@ Status tell_encoded(CellControl* context, CellControl* to, uint64_t wire_id, std
   return detail::send(to, Envelope(std::move(box), nullptr, ReplyRef()));
 }
 
-void Relay::retarget(CellPtr next) { state_->resolved(Result<CellPtr>(std::move(next))); }
+void Relay::retarget(CellPtr next) {
+  {
+    std::lock_guard<std::mutex> lock(state_->mu);
+    state_->closed = Status();
+  }
+  state_->resolved(Result<CellPtr>(std::move(next)));
+}
+
+void Relay::adopt(uint64_t cell_id) {
+  std::lock_guard<std::mutex> lock(state_->mu);
+  state_->owner = cell_id;
+}
+
+void Relay::close(uint64_t cell_id, Status why) {
+  std::map<uint64_t, State::Parked> waiting;
+  {
+    std::lock_guard<std::mutex> lock(state_->mu);
+    if (state_->owner != cell_id) return;  // a cell replaced by a fresh one
+    state_->closed = why;
+    waiting.swap(state_->parked);
+  }
+  // A flush running now routes what it already took: route() fails it too.
+  size_t tells = 0;
+  for (auto& [seq, p] : waiting) {
+    if (p.env.reply) {
+      ReplyRef r = std::move(p.env.reply);
+      r->fail(why);
+    } else {
+      ++tells;
+    }
+  }
+  if (tells > 0) {
+    TROUPE_LOG(warn, "event=dead_letters messages={} reason=\"{}\"", tells, why.message());
+  }
+}
 
 Status Relay::send(Envelope&& env) {
   uint64_t seq;

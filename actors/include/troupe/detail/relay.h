@@ -4,7 +4,9 @@
 // wait (bounded), and asks that failed because their incarnation died are
 // sent again, up to `max_retries` times each, before anything sent after
 // them. When the resolver says there is no next one, everything waiting
-// fails with its reason and the relay's cell stops (monitors see it).
+// fails with its reason and the relay's cell stops (monitors see it). When
+// the cell that stands for the actor stops for good (a supervisor that gave
+// up on it), what waits ends with it: asks fail at once, tells are dropped.
 #pragma once
 
 #include <cstddef>
@@ -42,6 +44,15 @@ class Relay : public std::enable_shared_from_this<Relay> {
   /// supervisor that restarted it): what waits goes there now. `first` may
   /// be empty, and the resolver do nothing, for relays retargeted this way.
   void retarget(CellPtr next);
+  /// Cell `cell_id` stands for the actor now (each cell made with this relay
+  /// says so as it is made; a supervisor may replace a child's cell).
+  void adopt(uint64_t cell_id);
+  /// Cell `cell_id` has stopped for good. If it still stands for the actor,
+  /// asks waiting for the next incarnation (and asks in flight that come
+  /// back to be retried) fail with `why`, and waiting tells are dropped and
+  /// counted in the log, rather than waiting for an incarnation no one will
+  /// start. A later retarget() opens the relay again.
+  void close(uint64_t cell_id, Status why);
   /// The incarnation messages go to now; empty while it is being looked
   /// for (or gone for good).
   CellPtr current() const;
