@@ -1,6 +1,8 @@
 // What is particular to the UCX transport (rendezvous for large payloads,
 // the UCX 1.13 shared-memory bug); remote_test.cc runs the common behaviour
 // (ordering, tokens, kill -9) on both transports.
+#include <stdlib.h>
+
 #include <chrono>
 #include <string>
 #include <vector>
@@ -43,4 +45,25 @@ TEST_CASE("ucx: messages of every small size arrive (UCX 1.13 short-protocol bug
     if (!r || r->size() != n + 6) ++failed;
   }
   CHECK(failed == 0);
+}
+
+TEST_CASE("ucx: with UCX_TLS naming TCP alone, the settings troupe makes for shared memory leave standard output "
+          "alone, and peers talk over TCP",
+          "[remote][ucx]") {
+  // troupe sets UCX_MM_ERROR_HANDLING for shared memory; with shared memory
+  // left out UCX called it unused, in a warning on standard output: the line
+  // a program printing its address wrote first.
+  REQUIRE(setenv("UCX_TLS", "tcp,self", 1) == 0);
+  struct Restore {
+    ~Restore() { unsetenv("UCX_TLS"); }
+  } restore;
+  PeerProcess peer("test-token", "ucx");
+  INFO("the peer's first line: " << peer.address());
+  REQUIRE(peer.address().rfind("ucx://", 0) == 0);
+  troupe::Runtime client(test_config("ucx", false));
+  auto remote = client.resolve<Service>(peer.address() + "/service");
+  REQUIRE(remote.has_value());
+  CHECK(remote->ask(Echo{"over tcp"}).get().value() == "echo: over tcp");
+  std::vector<uint8_t> bytes(size_t{1} << 20, 7);
+  CHECK(remote->ask(Sum{std::move(bytes)}, 60s).get().value() == uint64_t{7} << 20);
 }

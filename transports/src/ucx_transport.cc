@@ -15,9 +15,11 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <initializer_list>
 #include <mutex>
 #include <optional>
 #include <random>
+#include <string_view>
 #include <thread>
 #include <unordered_map>
 #include <utility>
@@ -142,6 +144,33 @@ struct SendRequest {
 // always eager.
 constexpr size_t kBatchBytes = 32 << 10;
 
+/// Whether UCX_TLS (unset: every transport) may load one of `transports`,
+/// which `aliases` name all at once ("sm" for posix and sysv). A setting for
+/// a transport that UCX does not load is reported by UCX as unused, on
+/// standard output.
+bool tls_may_use(std::initializer_list<std::string_view> aliases, std::initializer_list<std::string_view> transports) {
+  const char* env = std::getenv("UCX_TLS");
+  if (env == nullptr || *env == '\0') return true;
+  std::string_view tls(env);
+  const bool exclude = tls.front() == '^';
+  if (exclude) tls.remove_prefix(1);
+  auto in = [](std::initializer_list<std::string_view> names, std::string_view item) {
+    return std::find(names.begin(), names.end(), item) != names.end();
+  };
+  size_t transports_listed = 0;
+  bool alias_listed = false;
+  while (!tls.empty()) {
+    size_t comma = tls.find(',');
+    std::string_view item = tls.substr(0, comma);
+    tls = comma == std::string_view::npos ? std::string_view() : tls.substr(comma + 1);
+    if (!exclude && item == "all") return true;
+    alias_listed |= in(aliases, item);
+    if (in(transports, item)) ++transports_listed;
+  }
+  if (exclude) return !alias_listed && transports_listed < transports.size();
+  return alias_listed || transports_listed > 0;
+}
+
 /// A frame of a connection, in arrival order; rendezvous ones fill later.
 struct Arrival {
   bool ready = false;
@@ -163,10 +192,28 @@ class UcxTransport final : public Transport {
   Status init() {
     // Without it, UCX disables shared memory when error handling is on and
     // silently falls back to TCP loopback.
-    setenv("UCX_MM_ERROR_HANDLING", "y", /*overwrite=*/0);
+    if (tls_may_use({"sm", "shm", "mm"}, {"posix", "sysv"})) {
+      setenv("UCX_MM_ERROR_HANDLING", "y", /*overwrite=*/0);
+    }
     ucp_config_t* config = nullptr;
     ucs_status_t s = ucp_config_read(nullptr, nullptr, &config);
     if (s != UCS_OK) return ucx_error("ucx: reading the configuration (UCX_* variables)", s);
+    // Without this, UCX gives a peer on this host extra lanes over TCP for
+    // one-sided bandwidth (TCP's put), and an endpoint with a TCP lane turns
+    // the TCP interface's progress on: one epoll_wait system call in every
+    // ucp_worker_progress, most of a spinning thread's time on a VM (the
+    // shared-memory round trip 18.5-19.3 -> 4.0-4.9 us on 2026-11-26's
+    // machine, docs/transports.md).
+    // Same-host reads map the owner's memory (rkey_ptr) or go through UCP's
+    // emulation over the shared-memory lane; peers on other hosts still talk
+    // over TCP, with one-sided operations emulated over active messages
+    // there. Set in the context's configuration, not the environment, so
+    // that child processes (ucx_perftest) see only the user's settings;
+    // UCX_TCP_PUT_ENABLE, when set, wins.
+    if (getenv("UCX_TCP_PUT_ENABLE") == nullptr && tls_may_use({}, {"tcp"})) {
+      s = ucp_config_modify(config, "PUT_ENABLE", "n");  // TCP's; no other transport has the key
+      if (s != UCS_OK) TROUPE_LOG(warn, "event=ucx_config key=TCP_PUT_ENABLE status=\"{}\"", ucs_status_string(s));
+    }
     ucp_params_t params{};
     params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
     params.features = UCP_FEATURE_AM | UCP_FEATURE_RMA | UCP_FEATURE_WAKEUP;
