@@ -484,8 +484,8 @@ TEST_CASE("cluster actors: bursts of asks from several threads across a kill -9 
   // Every other ask waits for the next incarnation: one sent once the
   // connection was known lost, and one that found it closed before this
   // process heard the actor was gone (it reached nothing, see
-  // detail::send_unless_lost; unless the loss, handled at that moment,
-  // failed it first, with the same reason as one in flight).
+  // detail::send_unless_lost). The two tests below hold each side of that
+  // window open.
   LocalCluster local(1);
   auto& cluster = local.cluster;
   auto counter = cluster.spawn<Counter>({.max_restarts = -1}, 0, "undelivered").value();
@@ -555,14 +555,15 @@ TEST_CASE(
   std::future<void> in_window = entered.get_future();
   std::shared_future<void> released = release.get_future().share();
   std::atomic<bool> held{false};
-  troupe::detail::faults::set_before_peer_lost(
-      [&entered, &held, released, address = info.address](const std::string& lost) {
-        if (lost != address || held.exchange(true)) return;
-        entered.set_value();
-        (void)released.wait_for(10s);  // bounded: the transport's other events wait too
-      });
+  using troupe::detail::faults::Point;
+  troupe::detail::faults::set(Point::before_peer_lost,
+                              [&entered, &held, released, address = info.address](const std::string& lost) {
+                                if (lost != address || held.exchange(true)) return;
+                                entered.set_value();
+                                (void)released.wait_for(10s);  // bounded: the transport's other events wait too
+                              });
   struct Unhook {
-    ~Unhook() { troupe::detail::faults::set_before_peer_lost({}); }
+    ~Unhook() { troupe::detail::faults::set(Point::before_peer_lost, {}); }
   } unhook;
 
   REQUIRE(::kill(static_cast<pid_t>(pid), SIGKILL) == 0);
@@ -576,6 +577,59 @@ TEST_CASE(
     REQUIRE(r.has_value());
     CHECK(*r == 4 + i);  // on the snapshot (3), once each, in the order sent
   }
+  CHECK(counter.ask(Pid{}).get().value() != pid);
+}
+
+TEST_CASE(
+    "cluster actors: an ask registered for its answer whose frame the transport then refuses, the "
+    "connection's loss handled meanwhile, waits for the next incarnation and runs there",
+    "[cluster][actors]") {
+  // The other side of the window above: the loss is handled while an ask,
+  // already registered for its answer, has yet to reach the transport. The
+  // handler leaves it to its sender; the transport refuses its frame, so it
+  // never left. Before, the handler failed it as one in flight.
+  LocalCluster local(1);
+  auto& cluster = local.cluster;
+  auto info = cluster.spawn_info<Counter>({.max_restarts = -1}, 0, "registered").value();
+  auto counter = cluster.follow<Counter>(info).value();
+  REQUIRE(counter.ask(Add{3}).get().value() == 3);
+  const int64_t pid = counter.ask(Pid{}).get().value();
+
+  std::promise<void> holding;
+  std::promise<void> handled;
+  std::promise<void> release;
+  std::future<void> sender_held = holding.get_future();
+  std::future<void> loss_handled = handled.get_future();
+  std::shared_future<void> released = release.get_future().share();
+  std::atomic<bool> held{false};
+  std::atomic<bool> seen{false};
+  using troupe::detail::faults::Point;
+  troupe::detail::faults::set(Point::before_ask_sent,
+                              [&holding, &held, released, address = info.address](const std::string& to) {
+                                if (to != address || held.exchange(true)) return;
+                                holding.set_value();
+                                (void)released.wait_for(10s);  // bounded
+                              });
+  troupe::detail::faults::set(Point::after_peer_lost,
+                              [&handled, &seen, address = info.address](const std::string& lost) {
+                                if (lost == address && !seen.exchange(true)) handled.set_value();
+                              });
+  struct Unhook {
+    ~Unhook() {
+      troupe::detail::faults::set(Point::before_ask_sent, {});
+      troupe::detail::faults::set(Point::after_peer_lost, {});
+    }
+  } unhook;
+
+  auto sender = std::async(std::launch::async, [&] { return counter.ask(Add{1}, 30s).get(); });
+  REQUIRE(sender_held.wait_for(20s) == std::future_status::ready);
+  REQUIRE(::kill(static_cast<pid_t>(pid), SIGKILL) == 0);
+  REQUIRE(loss_handled.wait_for(20s) == std::future_status::ready);
+  release.set_value();
+  auto r = sender.get();
+  INFO((r ? std::string("answered") : r.error().message()));
+  REQUIRE(r.has_value());
+  CHECK(*r == 4);  // once, on the snapshot (3)
   CHECK(counter.ask(Pid{}).get().value() != pid);
 }
 

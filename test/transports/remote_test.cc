@@ -428,6 +428,7 @@ TEST_CASE("remote: payloads from 0 bytes to 256 MiB reach another process intact
       sum += bytes[i];
     }
     auto r = remote.ask(Sum{std::move(bytes)}, 120s).get();
+    INFO((r ? std::string() : r.error().to_string()));
     REQUIRE(r.has_value());
     CHECK(*r == sum);
   }

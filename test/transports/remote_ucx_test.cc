@@ -67,3 +67,32 @@ TEST_CASE("ucx: with UCX_TLS naming TCP alone, the settings troupe makes for sha
   std::vector<uint8_t> bytes(size_t{1} << 20, 7);
   CHECK(remote->ask(Sum{std::move(bytes)}, 60s).get().value() == uint64_t{7} << 20);
 }
+
+TEST_CASE(
+    "ucx: a connection closed while a large message is still arriving on it leaves the receiving process "
+    "running, and it serves new connections",
+    "[remote][ucx]") {
+  // The receiver gives its peer 50 ms: a 256 MiB rendezvous takes longer,
+  // and the sender's heartbeats queue behind it, so the receiver closes the
+  // connection while UCX is still moving the message. UCX 1.13 asserted (and
+  // aborted the receiver) when an endpoint went with that receive on it.
+  auto server_config = test_config("ucx");
+  server_config.heartbeat_interval = 10ms;
+  server_config.peer_dead_after = 50ms;
+  troupe::Runtime server(server_config);
+  REQUIRE(server.publish("service", server.spawn<Service>()).ok());
+  {
+    std::vector<uint8_t> bytes(size_t{256} << 20, 1);
+    auto client_config = test_config("ucx", false);
+    client_config.heartbeat_interval = 10ms;  // an idle connection stays within the server's bound
+    troupe::Runtime client(client_config);
+    auto remote = client.resolve<Service>(server.address() + "/service").value();
+    auto r = remote.ask(Sum{std::move(bytes)}, 60s).get();
+    // Answered if it beat the bound; else the connection's loss.
+    INFO((r ? std::string("answered") : r.error().to_string()));
+    if (!r) CHECK(r.error().code() == ErrorCode::peer_lost);
+  }
+  troupe::Runtime again(test_config("ucx", false));
+  auto remote = again.resolve<Service>(server.address() + "/service").value();
+  CHECK(remote.ask(Echo{"still here"}).get().value() == "echo: still here");
+}

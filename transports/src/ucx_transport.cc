@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
@@ -34,6 +35,10 @@
 namespace troupe::transport {
 
 namespace {
+
+// How long a transport that stops waits for rendezvous receives on
+// connections it closed to end (see Ep::receiving).
+constexpr std::chrono::milliseconds kReceiveDrain{2000};
 
 // Active message ids.
 constexpr unsigned kDataAm = 7;   // a frame (no reply flag)
@@ -64,7 +69,7 @@ thread_local const UcxTransport* tl_progressing = nullptr;
 /// order: never take `mu` while holding UCX's worker lock, which the
 /// progress thread holds inside callbacks; so callbacks defer their sends
 /// and closes until ucp_worker_progress returns.
-struct Ep {
+struct Ep : std::enable_shared_from_this<Ep> {
   std::mutex mu;
   PeerId id = 0;
   ucp_ep_h handle = nullptr;
@@ -90,6 +95,16 @@ struct Ep {
   /// Unpacked remote keys of the peer's regions, by packed key. Kept for the
   /// connection's life: unpacking costs more than a small read.
   std::unordered_map<std::string, ucp_rkey_h> rkeys;
+  /// Rendezvous receives UCX is still moving into our buffers. UCX 1.13
+  /// asserts (and aborts the process) when an endpoint goes with one of
+  /// these or of its sends (in_flight) still on it, so a close waits for
+  /// them (`close_later`, with its force flag). Atomics: UCX callbacks,
+  /// which run under UCX's lock, must not take `mu` (senders hold it across
+  /// UCX calls).
+  std::atomic<int> receiving{0};
+  std::atomic<bool> close_later{false};
+  bool close_later_force = false;  // under mu
+  bool closed_in_ucx = false;      // under mu: ucp_ep_close_nbx was called
 };
 
 /// A one-sided operation in flight.
@@ -123,6 +138,7 @@ struct SendRequest {
   uint64_t header_bytes = 0;
   uint64_t tag = 0;  // the AM header of rendezvous frames
   PeerId peer = 0;   // set for frames counted in the connection's in_flight
+  std::shared_ptr<Ep> conn{};  // that connection (counted frames)
   UcxTransport* self = nullptr;
   /// Rendezvous frames: the payload stays in `data` untouched, its splices
   /// (large Bytes fields) where they lie, and the header, its length and
@@ -183,6 +199,7 @@ struct RecvRequest {
   UcxTransport* self;
   PeerId peer;
   std::shared_ptr<Arrival> arrival;
+  std::shared_ptr<Ep> ep;  // its connection, to close once its last receive is done
 };
 
 class UcxTransport final : public Transport {
@@ -417,7 +434,7 @@ class UcxTransport final : public Transport {
       auto* req = static_cast<SendRequest*>(user_data);
       // Inside progress, under UCX's lock: the connection's books (its
       // mutex) are settled after progress returns.
-      if (req->peer != 0) req->self->deferred_sent_.emplace_back(req->peer, req->bytes());
+      if (req->conn) req->self->deferred_sent_.emplace_back(std::move(req->conn), req->bytes());
       delete req;
       ucp_request_free(request);
     };
@@ -427,7 +444,11 @@ class UcxTransport final : public Transport {
     bool counted = ep != nullptr && req->peer != 0;
     // Once UCX has it, the request belongs to whichever thread completes it:
     // everything its callback reads is set now.
-    if (!counted) req->peer = 0;
+    if (counted) {
+      req->conn = ep->shared_from_this();
+    } else {
+      req->peer = 0;
+    }
     const void* buffer = req->data.data();
     size_t count = req->data.size();
     if (!req->tail.empty()) {
@@ -460,13 +481,15 @@ class UcxTransport final : public Transport {
 
   /// A counted message of `peer` completed: when none is left in flight,
   /// what gathered meanwhile goes out.
-  void sent(PeerId peer, size_t bytes) {
-    auto ep = find(peer);
-    if (!ep) return;
+  void sent(const std::shared_ptr<Ep>& ep, size_t bytes) {
     std::lock_guard<std::mutex> lock(ep->mu);
-    if (ep->closed || ep->in_flight == 0) return;
+    if (ep->in_flight == 0) return;
     --ep->in_flight;
     ep->in_flight_bytes -= std::min(ep->in_flight_bytes, bytes);
+    if (ep->closed) {
+      if (ep->in_flight == 0) close_when_idle_locked(*ep);
+      return;
+    }
     if (ep->in_flight == 0) (void)flush_batch_locked(*ep);
   }
 
@@ -715,6 +738,26 @@ class UcxTransport final : public Transport {
       }
       tl_progressing = nullptr;
       run_deferred();
+      // Endpoints closed during a rendezvous receive go once it ends: give
+      // the peers' ends (or deaths) a moment to end them.
+      const auto deadline = std::chrono::steady_clock::now() + kReceiveDrain;
+      while (receiving_on_closed() && std::chrono::steady_clock::now() < deadline) {
+        tl_progressing = this;
+        ucp_worker_progress(worker_);
+        tl_progressing = nullptr;
+        run_deferred();
+      }
+      if (receiving_on_closed()) {
+        // UCX 1.13 would abort the process destroying such an endpoint (see
+        // Ep::receiving): the worker and context stay, a leak at shutdown.
+        TROUPE_LOG(warn,
+                   "event=ucx_worker_kept reason=\"a closed connection's rendezvous receive did not end within "
+                   "{} ms; UCX cannot destroy its endpoint\"",
+                   kReceiveDrain.count());
+        worker_ = nullptr;
+        context_ = nullptr;
+        return;
+      }
       ucp_worker_destroy(worker_);
     }
     std::unordered_map<uint64_t, ucp_mem_h> memory;
@@ -764,7 +807,8 @@ class UcxTransport final : public Transport {
     bool any = false;
     while (!deferred_sends_.empty() || !deferred_drops_.empty() || !deferred_hellos_.empty() ||
            !deferred_tags_.empty() || !deferred_frames_.empty() || !deferred_connected_.empty() ||
-           !deferred_rma_.empty() || !deferred_activity_.empty() || !deferred_sent_.empty()) {
+           !deferred_rma_.empty() || !deferred_activity_.empty() || !deferred_sent_.empty() ||
+           !deferred_closes_.empty()) {
       any = true;
       auto connected = std::move(deferred_connected_);
       deferred_connected_.clear();
@@ -790,7 +834,7 @@ class UcxTransport final : public Transport {
       for (auto& [done, status] : rma_done) done(std::move(status));
       auto sent_ = std::move(deferred_sent_);
       deferred_sent_.clear();
-      for (auto& [peer, bytes] : sent_) sent(peer, bytes);
+      for (auto& [ep, bytes] : sent_) sent(ep, bytes);
       auto sends = std::move(deferred_sends_);
       deferred_sends_.clear();
       for (auto& [peer, frame] : sends) {
@@ -799,6 +843,12 @@ class UcxTransport final : public Transport {
       auto drops = std::move(deferred_drops_);
       deferred_drops_.clear();
       for (auto& d : drops) drop(d.peer, std::move(d.why), d.force);
+      auto closes = std::move(deferred_closes_);
+      deferred_closes_.clear();
+      for (auto& ep : closes) {
+        std::lock_guard<std::mutex> lock(ep->mu);
+        close_when_idle_locked(*ep);
+      }
     }
     return any;
   }
@@ -861,11 +911,21 @@ class UcxTransport final : public Transport {
       ep->closed = true;
       for (auto& [packed, rkey] : ep->rkeys) ucp_rkey_destroy(rkey);
       ep->rkeys.clear();
-      ucp_request_param_t p{};
-      p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-      p.flags = force ? UCP_EP_CLOSE_FLAG_FORCE : 0;
-      ucs_status_ptr_t r = ucp_ep_close_nbx(ep->handle, &p);
-      if (r != nullptr && !UCS_PTR_IS_ERR(r)) ucp_request_free(r);
+      // seq_cst with finish_recv's decrement: one of the two sees the other.
+      ep->close_later.store(true);
+      if (ep->receiving.load() > 0 || ep->in_flight > 0) {
+        // The connection is gone for everyone above; UCX's endpoint goes
+        // once its receives and sends end (the peer finishes, or its death
+        // fails them).
+        ep->close_later_force = force;
+        std::lock_guard<std::mutex> maps(mu_);  // order: ep->mu, then mu_ (receiving_on_closed takes them so too)
+        closing_.push_back(ep);
+        TROUPE_LOG(debug, "event=close_deferred transport=ucx peer={} receives={} sends={}", peer, ep->receiving.load(),
+                   ep->in_flight);
+      } else {
+        ep->closed_in_ucx = true;
+        close_handle(*ep, force);
+      }
     }
     TROUPE_LOG(debug, "event=connection_closed transport=ucx peer={} reason=\"{}\"", peer, why.message());
     if (events_.on_lost) events_.on_lost(peer, std::move(why));
@@ -923,12 +983,15 @@ class UcxTransport final : public Transport {
       if (peer == 0) return UCS_OK;  // its connection is gone: dropped unread
       // The announcement is a sign of life; the data may take a while.
       if (self->events_.on_activity) self->deferred_activity_.push_back(peer);
+      std::shared_ptr<Ep> ep = self->find(peer);
+      if (!ep) return UCS_OK;
+      ep->receiving.fetch_add(1);
       auto arrival = std::make_shared<Arrival>();
       // Not zeroed: UCX writes every byte; a large one's pages come from
       // an earlier frame's when one is back.
       arrival->data = detail::take_receive_buffer(length);
       self->arrivals_[peer].push_back(arrival);
-      auto* req = new RecvRequest{self, peer, arrival};
+      auto* req = new RecvRequest{self, peer, arrival, std::move(ep)};
       ucp_request_param_t p{};
       p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
       p.cb.recv_am = [](void* request, ucs_status_t status, size_t, void* user_data) {
@@ -1103,8 +1166,44 @@ class UcxTransport final : public Transport {
       r->arrival->failed = true;
     }
     r->arrival->ready = true;
+    // Closed while this receive ran: the close UCX could not take then
+    // (settled after progress returns, under the connection's mutex).
+    if (r->ep->receiving.fetch_sub(1) == 1 && r->ep->close_later.load()) deferred_closes_.push_back(r->ep);
     drain(r->peer);
     delete r;
+  }
+
+  /// Whether an endpoint closed during a rendezvous receive still waits for
+  /// it to end.
+  bool receiving_on_closed() {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& ep : closing_) {
+      std::lock_guard<std::mutex> ep_lock(ep->mu);
+      if (ep->receiving > 0 || ep->in_flight > 0) return true;
+    }
+    return false;
+  }
+
+  /// ucp_ep_close_nbx, once, on an endpoint taken out of the maps whose
+  /// close waited (see Ep::receiving), when nothing of it is in flight any
+  /// more. With ep.mu held, and outside UCX callbacks.
+  void close_when_idle_locked(Ep& ep) {
+    if (ep.closed_in_ucx || !ep.close_later.load() || ep.in_flight > 0 || ep.receiving.load() > 0) return;
+    ep.closed_in_ucx = true;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      std::erase_if(closing_, [&](const std::shared_ptr<Ep>& e) { return e.get() == &ep; });
+    }
+    close_handle(ep, ep.close_later_force);
+  }
+
+  /// ucp_ep_close_nbx. With ep->mu held, and outside UCX callbacks.
+  static void close_handle(Ep& ep, bool force) {
+    ucp_request_param_t p{};
+    p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    p.flags = force ? UCP_EP_CLOSE_FLAG_FORCE : 0;
+    ucs_status_ptr_t r = ucp_ep_close_nbx(ep.handle, &p);
+    if (r != nullptr && !UCS_PTR_IS_ERR(r)) ucp_request_free(r);
   }
 
   void reject(PeerId peer, Status why) {
@@ -1136,6 +1235,8 @@ class UcxTransport final : public Transport {
     bool force;
   };
   std::vector<Drop> deferred_drops_;
+  std::vector<std::shared_ptr<Ep>> deferred_closes_;  // endpoints whose last receive just ended
+  std::vector<std::shared_ptr<Ep>> closing_;          // closed during a receive, not yet closed in UCX (under mu_)
   std::vector<PeerId> deferred_hellos_;
   struct TagUpdate {
     PeerId peer;
@@ -1147,7 +1248,7 @@ class UcxTransport final : public Transport {
   std::vector<PeerId> deferred_connected_;
   std::vector<std::pair<RmaDone, Status>> deferred_rma_;
   std::vector<PeerId> deferred_activity_;
-  std::vector<std::pair<PeerId, size_t>> deferred_sent_;  // counted messages UCX finished
+  std::vector<std::pair<std::shared_ptr<Ep>, size_t>> deferred_sent_;  // counted messages UCX finished
   /// Connections with a rendezvous frame in flight: their frames in order.
   std::unordered_map<PeerId, std::deque<std::shared_ptr<Arrival>>> arrivals_;
 };

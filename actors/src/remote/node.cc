@@ -539,24 +539,39 @@ Status Node::send_envelope(Cell* proxy, Envelope& env, bool* kept) {
   h.destination = proxy->remote_id();
   h.type_id = env.box.ops()->wire_id;
   if (env.reply) {
+    // Registered before the frame goes, for an answer may come at once. The
+    // connection's loss handler leaves it to this sender until the
+    // transport has taken or refused the frame: refused, it never left.
     h.correlation = next_correlation_.fetch_add(1);
-    std::lock_guard<std::mutex> lock(mu_);
-    peer->asks.emplace(h.correlation, std::move(env.reply));
-  }
-  Status s = send_frame(*peer, h, std::move(payload), std::move(splices));
-  if (s.ok()) return s;
-  if (h.correlation == 0) return fail(s);  // a tell
-  ReplyRef r;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (auto it = peer->asks.find(h.correlation); it != peer->asks.end()) {
-      r = std::move(it->second);
-      peer->asks.erase(it);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      peer->asks.emplace(h.correlation, std::move(env.reply));
+      peer->sending.insert(h.correlation);
+    }
+    if (faults::armed(faults::Point::before_ask_sent)) {
+      faults::reach(faults::Point::before_ask_sent, proxy->remote_address());
     }
   }
-  // Not there: the connection's loss (on_lost) took the ask and failed it
-  // meanwhile, so the message is not the caller's to send again.
-  if (!r) return s;
+  Status s = send_frame(*peer, h, std::move(payload), std::move(splices));
+  if (h.correlation == 0) return s.ok() ? s : fail(s);  // a tell
+  ReplyRef r;
+  Status lost;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    peer->sending.erase(h.correlation);
+    if (auto it = peer->asks.find(h.correlation); it != peer->asks.end() && (!s.ok() || !peer->lost.ok())) {
+      r = std::move(it->second);
+      peer->asks.erase(it);
+      lost = peer->lost;
+    }
+  }
+  if (s.ok()) {
+    // The frame went, and the connection was lost before an answer came:
+    // the loss handler left this ask to its sender. It was in flight.
+    if (r) r->fail(lost);
+    return s;
+  }
+  if (!r) return s;  // answered: cannot be for a frame that never went
   env.reply = std::move(r);
   return fail(s);
 }
@@ -895,30 +910,39 @@ void Node::on_envelope(const std::shared_ptr<Peer>& peer, const wire::EnvelopeHe
 }
 
 namespace {
-std::atomic<bool> before_peer_lost_set{false};
-std::mutex before_peer_lost_mu;
-std::function<void(const std::string&)> before_peer_lost;  // REQUIRES: before_peer_lost_mu
+constexpr size_t kFaultPoints = 3;
+std::atomic<bool> fault_armed[kFaultPoints];
+std::mutex fault_mu;
+std::function<void(const std::string&)> fault_hooks[kFaultPoints];  // REQUIRES: fault_mu
 }  // namespace
 
-void faults::set_before_peer_lost(std::function<void(const std::string& address)> hook) {
-  std::lock_guard<std::mutex> lock(before_peer_lost_mu);
-  before_peer_lost_set.store(static_cast<bool>(hook), std::memory_order_relaxed);
-  before_peer_lost = std::move(hook);
+void faults::set(Point point, std::function<void(const std::string& address)> hook) {
+  const auto i = static_cast<size_t>(point);
+  std::lock_guard<std::mutex> lock(fault_mu);
+  fault_armed[i].store(static_cast<bool>(hook), std::memory_order_relaxed);
+  fault_hooks[i] = std::move(hook);
+}
+
+bool faults::armed(Point point) { return fault_armed[static_cast<size_t>(point)].load(std::memory_order_relaxed); }
+
+void faults::reach(Point point, const std::string& address) {
+  if (!armed(point)) return;
+  std::function<void(const std::string&)> hook;
+  {
+    std::lock_guard<std::mutex> lock(fault_mu);
+    hook = fault_hooks[static_cast<size_t>(point)];
+  }
+  if (hook) hook(address);
 }
 
 void Node::on_lost(transport::PeerId id, Status why) {
-  if (before_peer_lost_set.load(std::memory_order_relaxed)) {
+  if (faults::armed(faults::Point::before_peer_lost)) {
     std::string address;
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (auto it = peers_.find(id); it != peers_.end()) address = it->second->address;
     }
-    std::function<void(const std::string&)> hook;
-    {
-      std::lock_guard<std::mutex> lock(before_peer_lost_mu);
-      hook = before_peer_lost;
-    }
-    if (hook) hook(address);
+    faults::reach(faults::Point::before_peer_lost, address);
   }
   std::shared_ptr<Peer> peer;
   std::vector<ReplyRef> resolves;
@@ -971,7 +995,15 @@ void Node::on_lost(transport::PeerId id, Status why) {
   std::map<uint64_t, ReplyRef> asks;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    asks.swap(peer->asks);
+    peer->lost = status;
+    for (auto it = peer->asks.begin(); it != peer->asks.end();) {
+      if (peer->sending.count(it->first) != 0) {
+        ++it;  // its sender settles it once the transport has taken or refused its frame
+        continue;
+      }
+      asks.emplace(it->first, std::move(it->second));
+      it = peer->asks.erase(it);
+    }
   }
   for (auto& [corr, r] : asks) r->fail(status);
   for (auto& r : resolves) r->fail(status);
@@ -992,6 +1024,7 @@ void Node::on_lost(transport::PeerId id, Status why) {
     send_command(reinterpret_cast<CellControl*>(p.get()),
                  Command{Command::Kind::remote_down, CellPtr(), ExitReason::killed(status.message())});
   }
+  faults::reach(faults::Point::after_peer_lost, peer->address);
 }
 
 Result<RemoteBuffer> Node::register_region(void* data, size_t size) {

@@ -11,6 +11,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 #include <unordered_map>
@@ -125,6 +126,10 @@ class Node : public std::enable_shared_from_this<Node> {
     std::atomic<int64_t> last_recv_us{0};
     std::atomic<int64_t> last_send_us{0};
     std::map<uint64_t, ReplyRef> asks;  // correlation -> asker (under Node::mu_)
+    // Asks whose frame is on its way to the transport: their senders, not
+    // the loss handler, settle them (under Node::mu_; see send_envelope).
+    std::set<uint64_t> sending;
+    Status lost;  // why the connection was lost, once it was (under Node::mu_)
   };
   struct PendingResolve {
     ReplyRef reply;  // FutureState<uint64_t>
