@@ -131,6 +131,50 @@ troupe::ActorInfo alive_again(const troupe::ClusterClient& c, const std::string&
   }
 }
 
+/// A fault point (troupe/detail/fault_points.h) that the first thread to
+/// reach it for `address` signals, and, with `hold`, waits at until
+/// release() (bounded: 10 s). The hook goes with this object; what the hook
+/// touches is shared with it, so a thread still leaving it is safe.
+class FaultPointGate {
+ public:
+  FaultPointGate(troupe::detail::faults::Point point, std::string address, bool hold)
+      : point_(point), shared_(std::make_shared<Shared>()) {
+    reached_ = shared_->reached.get_future();
+    shared_->released = release_.get_future().share();
+    troupe::detail::faults::set(point_, [shared = shared_, address = std::move(address), hold](const std::string& at) {
+      if (at != address || shared->taken.exchange(true)) return;
+      shared->reached.set_value();
+      if (hold) (void)shared->released.wait_for(10s);
+    });
+  }
+  ~FaultPointGate() {
+    troupe::detail::faults::set(point_, {});
+    release();
+  }
+  FaultPointGate(const FaultPointGate&) = delete;
+  FaultPointGate& operator=(const FaultPointGate&) = delete;
+  /// Whether a thread reached the point within `timeout`.
+  bool reached_within(std::chrono::milliseconds timeout) {
+    return reached_.wait_for(timeout) == std::future_status::ready;
+  }
+  /// Lets the held thread go on.
+  void release() {
+    if (!released_.exchange(true)) release_.set_value();
+  }
+
+ private:
+  struct Shared {
+    std::promise<void> reached;
+    std::shared_future<void> released;
+    std::atomic<bool> taken{false};
+  };
+  troupe::detail::faults::Point point_;
+  std::shared_ptr<Shared> shared_;
+  std::future<void> reached_;
+  std::promise<void> release_;
+  std::atomic<bool> released_{false};
+};
+
 }  // namespace
 
 TEST_CASE("cluster actors: spawn runs an actor in a worker process started by an agent, asks reach it",
@@ -550,27 +594,12 @@ TEST_CASE(
   REQUIRE(counter.ask(Add{3}).get().value() == 3);
   const int64_t pid = counter.ask(Pid{}).get().value();
 
-  std::promise<void> entered;
-  std::promise<void> release;
-  std::future<void> in_window = entered.get_future();
-  std::shared_future<void> released = release.get_future().share();
-  std::atomic<bool> held{false};
-  using troupe::detail::faults::Point;
-  troupe::detail::faults::set(Point::before_peer_lost,
-                              [&entered, &held, released, address = info.address](const std::string& lost) {
-                                if (lost != address || held.exchange(true)) return;
-                                entered.set_value();
-                                (void)released.wait_for(10s);  // bounded: the transport's other events wait too
-                              });
-  struct Unhook {
-    ~Unhook() { troupe::detail::faults::set(Point::before_peer_lost, {}); }
-  } unhook;
-
+  FaultPointGate loss(troupe::detail::faults::Point::before_peer_lost, info.address, /*hold=*/true);
   REQUIRE(::kill(static_cast<pid_t>(pid), SIGKILL) == 0);
-  REQUIRE(in_window.wait_for(20s) == std::future_status::ready);
+  REQUIRE(loss.reached_within(20s));
   std::vector<troupe::Future<int>> asks;
   for (int i = 0; i < 8; ++i) asks.push_back(counter.ask(Add{1}, 30s));
-  release.set_value();
+  loss.release();
   for (int i = 0; i < 8; ++i) {
     auto r = asks[static_cast<size_t>(i)].get();
     INFO("ask " << i << ": " << (r ? std::string("answered") : r.error().message()));
@@ -595,37 +624,15 @@ TEST_CASE(
   REQUIRE(counter.ask(Add{3}).get().value() == 3);
   const int64_t pid = counter.ask(Pid{}).get().value();
 
-  std::promise<void> holding;
-  std::promise<void> handled;
-  std::promise<void> release;
-  std::future<void> sender_held = holding.get_future();
-  std::future<void> loss_handled = handled.get_future();
-  std::shared_future<void> released = release.get_future().share();
-  std::atomic<bool> held{false};
-  std::atomic<bool> seen{false};
   using troupe::detail::faults::Point;
-  troupe::detail::faults::set(Point::before_ask_sent,
-                              [&holding, &held, released, address = info.address](const std::string& to) {
-                                if (to != address || held.exchange(true)) return;
-                                holding.set_value();
-                                (void)released.wait_for(10s);  // bounded
-                              });
-  troupe::detail::faults::set(Point::after_peer_lost,
-                              [&handled, &seen, address = info.address](const std::string& lost) {
-                                if (lost == address && !seen.exchange(true)) handled.set_value();
-                              });
-  struct Unhook {
-    ~Unhook() {
-      troupe::detail::faults::set(Point::before_ask_sent, {});
-      troupe::detail::faults::set(Point::after_peer_lost, {});
-    }
-  } unhook;
+  FaultPointGate send(Point::before_ask_sent, info.address, /*hold=*/true);
+  FaultPointGate loss(Point::after_peer_lost, info.address, /*hold=*/false);
 
   auto sender = std::async(std::launch::async, [&] { return counter.ask(Add{1}, 30s).get(); });
-  REQUIRE(sender_held.wait_for(20s) == std::future_status::ready);
+  REQUIRE(send.reached_within(20s));
   REQUIRE(::kill(static_cast<pid_t>(pid), SIGKILL) == 0);
-  REQUIRE(loss_handled.wait_for(20s) == std::future_status::ready);
-  release.set_value();
+  REQUIRE(loss.reached_within(20s));
+  send.release();
   auto r = sender.get();
   INFO((r ? std::string("answered") : r.error().message()));
   REQUIRE(r.has_value());
