@@ -79,6 +79,7 @@ Result<std::shared_ptr<Node>> RuntimeImpl::node() {
   nc.token = *token;
   nc.limits.max_payload_bytes = config_.max_frame_bytes;
   nc.max_send_queue_bytes = config_.max_send_queue_bytes;
+  nc.slowest_frame_bytes_per_s = config_.slowest_frame_bytes_per_s;
   nc.heartbeat_interval = config_.heartbeat_interval;
   nc.dead_after = config_.peer_dead_after;
   auto node = std::make_shared<Node>(this, std::move(nc));

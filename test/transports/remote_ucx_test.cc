@@ -72,13 +72,15 @@ TEST_CASE(
     "ucx: a connection closed while a large message is still arriving on it leaves the receiving process "
     "running, and it serves new connections",
     "[remote][ucx]") {
-  // The receiver gives its peer 50 ms: a 256 MiB rendezvous takes longer,
-  // and the sender's heartbeats queue behind it, so the receiver closes the
-  // connection while UCX is still moving the message. UCX 1.13 asserted (and
-  // aborted the receiver) when an endpoint went with that receive on it.
+  // The receiver gives its peer 50 ms, and no allowance for a large frame:
+  // a 256 MiB rendezvous takes longer, and the sender's heartbeats queue
+  // behind it, so the receiver closes the connection while UCX is still
+  // moving the message. UCX 1.13 asserted (and aborted the receiver) when an
+  // endpoint went with that receive on it.
   auto server_config = test_config("ucx");
   server_config.heartbeat_interval = 10ms;
   server_config.peer_dead_after = 50ms;
+  server_config.slowest_frame_bytes_per_s = 0;
   troupe::Runtime server(server_config);
   REQUIRE(server.publish("service", server.spawn<Service>()).ok());
   {
@@ -95,4 +97,26 @@ TEST_CASE(
   troupe::Runtime again(test_config("ucx", false));
   auto remote = again.resolve<Service>(server.address() + "/service").value();
   CHECK(remote.ask(Echo{"still here"}).get().value() == "echo: still here");
+}
+
+TEST_CASE(
+    "ucx: a peer whose heartbeats wait behind a large message it is sending is given the message's bytes "
+    "at slowest_frame_bytes_per_s before it counts as hung",
+    "[remote][ucx]") {
+  // The same 50 ms bound as above, with the default allowance (64 MiB/s:
+  // 4 s for 256 MiB): the message lands and is answered.
+  auto server_config = test_config("ucx");
+  server_config.heartbeat_interval = 10ms;
+  server_config.peer_dead_after = 50ms;
+  troupe::Runtime server(server_config);
+  REQUIRE(server.publish("service", server.spawn<Service>()).ok());
+  std::vector<uint8_t> bytes(size_t{256} << 20, 1);
+  auto client_config = test_config("ucx", false);
+  client_config.heartbeat_interval = 10ms;
+  troupe::Runtime client(client_config);
+  auto remote = client.resolve<Service>(server.address() + "/service").value();
+  auto r = remote.ask(Sum{std::move(bytes)}, 60s).get();
+  INFO((r ? std::string("answered") : r.error().to_string()));
+  REQUIRE(r.has_value());
+  CHECK(*r == uint64_t{256} << 20);
 }

@@ -101,6 +101,9 @@ struct TransportLimits {
   wire::Limits frame;
   /// Bytes a connection may have queued for sending before send() refuses.
   size_t max_send_queue_bytes = size_t{2} << 30;
+  /// The slowest rate a frame that arrives without visible progress (UCX
+  /// rendezvous) is given before its peer may count as hung; 0: none.
+  uint64_t slowest_frame_bytes_per_s = uint64_t{64} << 20;
 };
 
 class Transport {
@@ -123,6 +126,12 @@ class Transport {
   virtual void stop() = 0;
   /// "tcp" or "ucx".
   virtual const char* scheme() const = 0;
+  /// Until when (steady clock, microseconds since its epoch) `peer` may be
+  /// silent because a frame is still arriving from it that the transport
+  /// sees no progress of: its bytes at TransportLimits::
+  /// slowest_frame_bytes_per_s. 0 when there is none (TCP reports progress
+  /// through on_activity instead).
+  virtual int64_t arriving_until_us(PeerId) { return 0; }
 
   /// Registers [data, data + size) for one-sided reads and writes by peers.
   /// Fails with unsupported where the transport has no one-sided access

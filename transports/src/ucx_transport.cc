@@ -40,6 +40,11 @@ namespace {
 // connections it closed to end (see Ep::receiving).
 constexpr std::chrono::milliseconds kReceiveDrain{2000};
 
+int64_t steady_now_us() {
+  return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
 // Active message ids.
 constexpr unsigned kDataAm = 7;   // a frame (no reply flag)
 constexpr unsigned kHelloAm = 8;  // client -> server: its tag (reply flag)
@@ -102,6 +107,9 @@ struct Ep : std::enable_shared_from_this<Ep> {
   /// which run under UCX's lock, must not take `mu` (senders hold it across
   /// UCX calls).
   std::atomic<int> receiving{0};
+  /// While `receiving`: until when the peer may be silent (see
+  /// Transport::arriving_until_us), in steady-clock microseconds.
+  std::atomic<int64_t> arriving_until_us{0};
   std::atomic<bool> close_later{false};
   bool close_later_force = false;  // under mu
   bool closed_in_ucx = false;      // under mu: ucp_ep_close_nbx was called
@@ -273,6 +281,11 @@ class UcxTransport final : public Transport {
   ~UcxTransport() override { stop(); }
 
   const char* scheme() const override { return "ucx"; }
+
+  int64_t arriving_until_us(PeerId peer) override {
+    auto ep = find(peer);
+    return ep && ep->receiving.load() > 0 ? ep->arriving_until_us.load() : 0;
+  }
 
   Result<std::string> listen(const Endpoint& at) override {
     sockaddr_in addr{};
@@ -986,6 +999,12 @@ class UcxTransport final : public Transport {
       std::shared_ptr<Ep> ep = self->find(peer);
       if (!ep) return UCS_OK;
       ep->receiving.fetch_add(1);
+      if (const uint64_t rate = self->limits_.slowest_frame_bytes_per_s; rate > 0) {
+        const int64_t until = steady_now_us() + static_cast<int64_t>(static_cast<double>(length) * 1e6 / rate);
+        int64_t seen = ep->arriving_until_us.load();
+        while (seen < until && !ep->arriving_until_us.compare_exchange_weak(seen, until)) {
+        }
+      }
       auto arrival = std::make_shared<Arrival>();
       // Not zeroed: UCX writes every byte; a large one's pages come from
       // an earlier frame's when one is back.

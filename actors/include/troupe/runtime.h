@@ -81,6 +81,10 @@ struct RuntimeConfig {
   /// Heartbeats on idle connections, and how long a silent peer lives.
   std::chrono::milliseconds heartbeat_interval{250};
   std::chrono::milliseconds peer_dead_after{2000};
+  /// A peer sending a large frame over UCX (rendezvous) may stay silent for
+  /// its bytes at this rate on top of peer_dead_after: its heartbeats wait
+  /// behind the frame, and UCX shows no progress of one. 0: no allowance.
+  uint64_t slowest_frame_bytes_per_s = uint64_t{64} << 20;
 };
 
 /// Owns an actor system. Create one per process (more work, but each is

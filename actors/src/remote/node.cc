@@ -259,6 +259,7 @@ Status Node::start() {
   transport::TransportLimits limits;
   limits.frame = config_.limits;
   limits.max_send_queue_bytes = config_.max_send_queue_bytes;
+  limits.slowest_frame_bytes_per_s = config_.slowest_frame_bytes_per_s;
   std::string scheme = config_.transport;
   Result<transport::Endpoint> at = transport::Endpoint{};
   if (!config_.listen.empty()) {
@@ -1182,7 +1183,9 @@ void Node::heartbeat_loop() {
         }
         continue;
       }
-      if (!stalled && now - p->last_recv_us.load() > dead_us) {
+      // A large frame still arriving (one the transport sees no progress
+      // of) holds the peer's heartbeats back: it has until then.
+      if (!stalled && now - p->last_recv_us.load() > dead_us && now > transport_->arriving_until_us(p->id)) {
         transport_->close(p->id, "no frame for " + std::to_string(config_.dead_after.count()) +
                                      " ms (heartbeat timeout): the peer is hung or unreachable");
       } else if (p->ready && now - p->last_send_us.load() > interval_us) {

@@ -50,6 +50,8 @@ struct NodeConfig {
   wire::Limits limits;
   /// See RuntimeConfig::max_send_queue_bytes.
   uint64_t max_send_queue_bytes = uint64_t{2} << 30;
+  /// See RuntimeConfig::slowest_frame_bytes_per_s.
+  uint64_t slowest_frame_bytes_per_s = uint64_t{64} << 20;
   std::chrono::milliseconds heartbeat_interval{200};
   /// A peer silent for this long is declared lost.
   std::chrono::milliseconds dead_after{1000};
