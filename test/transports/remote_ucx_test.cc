@@ -68,34 +68,53 @@ TEST_CASE("ucx: with UCX_TLS naming TCP alone, the settings troupe makes for sha
   CHECK(remote->ask(Sum{std::move(bytes)}, 60s).get().value() == uint64_t{7} << 20);
 }
 
+namespace {
+
+/// A 256 MiB ask over UCX to a server that gives a silent peer 50 ms (the
+/// client heartbeats every 10 ms, so an idle connection stays within it)
+/// and a large frame `slowest_frame_bytes_per_s` on top; the server stays
+/// up for the caller to use after the client is gone.
+struct TightBoundServer {
+  explicit TightBoundServer(uint64_t slowest_frame_bytes_per_s) : server(config(slowest_frame_bytes_per_s)) {
+    REQUIRE(server.publish("service", server.spawn<Service>()).ok());
+  }
+  static troupe::RuntimeConfig config(uint64_t slowest_frame_bytes_per_s) {
+    auto c = test_config("ucx");
+    c.heartbeat_interval = 10ms;
+    c.peer_dead_after = 50ms;
+    c.slowest_frame_bytes_per_s = slowest_frame_bytes_per_s;
+    return c;
+  }
+  /// The answer of one client's 256 MiB ask (of ones: the sum is its size).
+  troupe::Result<uint64_t> ask_256_mib() {
+    std::vector<uint8_t> bytes(size_t{256} << 20, 1);
+    auto client_config = test_config("ucx", false);
+    client_config.heartbeat_interval = 10ms;
+    troupe::Runtime client(client_config);
+    auto remote = client.resolve<Service>(server.address() + "/service").value();
+    return remote.ask(Sum{std::move(bytes)}, 60s).get();
+  }
+  troupe::Runtime server;
+};
+
+}  // namespace
+
 TEST_CASE(
     "ucx: a connection closed while a large message is still arriving on it leaves the receiving process "
     "running, and it serves new connections",
     "[remote][ucx]") {
-  // The receiver gives its peer 50 ms, and no allowance for a large frame:
-  // a 256 MiB rendezvous takes longer, and the sender's heartbeats queue
-  // behind it, so the receiver closes the connection while UCX is still
-  // moving the message. UCX 1.13 asserted (and aborted the receiver) when an
-  // endpoint went with that receive on it.
-  auto server_config = test_config("ucx");
-  server_config.heartbeat_interval = 10ms;
-  server_config.peer_dead_after = 50ms;
-  server_config.slowest_frame_bytes_per_s = 0;
-  troupe::Runtime server(server_config);
-  REQUIRE(server.publish("service", server.spawn<Service>()).ok());
-  {
-    std::vector<uint8_t> bytes(size_t{256} << 20, 1);
-    auto client_config = test_config("ucx", false);
-    client_config.heartbeat_interval = 10ms;  // an idle connection stays within the server's bound
-    troupe::Runtime client(client_config);
-    auto remote = client.resolve<Service>(server.address() + "/service").value();
-    auto r = remote.ask(Sum{std::move(bytes)}, 60s).get();
-    // Answered if it beat the bound; else the connection's loss.
-    INFO((r ? std::string("answered") : r.error().to_string()));
-    if (!r) CHECK(r.error().code() == ErrorCode::peer_lost);
-  }
+  // No allowance for a large frame: a 256 MiB rendezvous takes longer than
+  // 50 ms, and the sender's heartbeats queue behind it, so the receiver
+  // closes the connection while UCX is still moving the message. UCX 1.13
+  // asserted (and aborted the receiver) when an endpoint went with that
+  // receive on it.
+  TightBoundServer tight(/*slowest_frame_bytes_per_s=*/0);
+  auto r = tight.ask_256_mib();
+  // Answered if it beat the bound; else the connection's loss.
+  INFO((r ? std::string("answered") : r.error().to_string()));
+  if (!r) CHECK(r.error().code() == ErrorCode::peer_lost);
   troupe::Runtime again(test_config("ucx", false));
-  auto remote = again.resolve<Service>(server.address() + "/service").value();
+  auto remote = again.resolve<Service>(tight.server.address() + "/service").value();
   CHECK(remote.ask(Echo{"still here"}).get().value() == "echo: still here");
 }
 
@@ -103,19 +122,10 @@ TEST_CASE(
     "ucx: a peer whose heartbeats wait behind a large message it is sending is given the message's bytes "
     "at slowest_frame_bytes_per_s before it counts as hung",
     "[remote][ucx]") {
-  // The same 50 ms bound as above, with the default allowance (64 MiB/s:
-  // 4 s for 256 MiB): the message lands and is answered.
-  auto server_config = test_config("ucx");
-  server_config.heartbeat_interval = 10ms;
-  server_config.peer_dead_after = 50ms;
-  troupe::Runtime server(server_config);
-  REQUIRE(server.publish("service", server.spawn<Service>()).ok());
-  std::vector<uint8_t> bytes(size_t{256} << 20, 1);
-  auto client_config = test_config("ucx", false);
-  client_config.heartbeat_interval = 10ms;
-  troupe::Runtime client(client_config);
-  auto remote = client.resolve<Service>(server.address() + "/service").value();
-  auto r = remote.ask(Sum{std::move(bytes)}, 60s).get();
+  // The same 50 ms bound, with the default allowance (64 MiB/s: 4 s for
+  // 256 MiB): the message lands and is answered.
+  TightBoundServer tight(troupe::RuntimeConfig{}.slowest_frame_bytes_per_s);
+  auto r = tight.ask_256_mib();
   INFO((r ? std::string("answered") : r.error().to_string()));
   REQUIRE(r.has_value());
   CHECK(*r == uint64_t{256} << 20);
