@@ -546,8 +546,7 @@ Status Node::send_envelope(Cell* proxy, Envelope& env, bool* kept) {
     h.correlation = next_correlation_.fetch_add(1);
     {
       std::lock_guard<std::mutex> lock(mu_);
-      peer->asks.emplace(h.correlation, std::move(env.reply));
-      peer->sending.insert(h.correlation);
+      peer->asks.emplace(h.correlation, Peer::PendingAsk{std::move(env.reply), /*sending=*/true});
     }
     if (faults::armed(faults::Point::before_ask_sent)) {
       faults::reach(faults::Point::before_ask_sent, proxy->remote_address());
@@ -559,11 +558,13 @@ Status Node::send_envelope(Cell* proxy, Envelope& env, bool* kept) {
   Status lost;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    peer->sending.erase(h.correlation);
-    if (auto it = peer->asks.find(h.correlation); it != peer->asks.end() && (!s.ok() || !peer->lost.ok())) {
-      r = std::move(it->second);
-      peer->asks.erase(it);
-      lost = peer->lost;
+    if (auto it = peer->asks.find(h.correlation); it != peer->asks.end()) {
+      it->second.sending = false;
+      if (!s.ok() || !peer->lost.ok()) {
+        r = std::move(it->second.reply);
+        peer->asks.erase(it);
+        lost = peer->lost;
+      }
     }
   }
   if (s.ok()) {
@@ -892,7 +893,7 @@ void Node::on_envelope(const std::shared_ptr<Peer>& peer, const wire::EnvelopeHe
       {
         std::lock_guard<std::mutex> lock(mu_);
         if (auto it = peer->asks.find(h.correlation); it != peer->asks.end()) {
-          r = std::move(it->second);
+          r = std::move(it->second.reply);
           peer->asks.erase(it);
         }
       }
@@ -998,11 +999,11 @@ void Node::on_lost(transport::PeerId id, Status why) {
     std::lock_guard<std::mutex> lock(mu_);
     peer->lost = status;
     for (auto it = peer->asks.begin(); it != peer->asks.end();) {
-      if (peer->sending.count(it->first) != 0) {
+      if (it->second.sending) {
         ++it;  // its sender settles it once the transport has taken or refused its frame
         continue;
       }
-      asks.emplace(it->first, std::move(it->second));
+      asks.emplace(it->first, std::move(it->second.reply));
       it = peer->asks.erase(it);
     }
   }

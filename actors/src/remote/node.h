@@ -11,7 +11,6 @@
 #include <map>
 #include <memory>
 #include <mutex>
-#include <set>
 #include <string>
 #include <thread>
 #include <unordered_map>
@@ -127,10 +126,13 @@ class Node : public std::enable_shared_from_this<Node> {
     uint64_t expect_seq = 1;  // transport thread only
     std::atomic<int64_t> last_recv_us{0};
     std::atomic<int64_t> last_send_us{0};
-    std::map<uint64_t, ReplyRef> asks;  // correlation -> asker (under Node::mu_)
-    // Asks whose frame is on its way to the transport: their senders, not
-    // the loss handler, settle them (under Node::mu_; see send_envelope).
-    std::set<uint64_t> sending;
+    struct PendingAsk {
+      ReplyRef reply;
+      // Its frame is on its way to the transport: its sender, not the loss
+      // handler, settles it (see send_envelope).
+      bool sending = false;
+    };
+    std::map<uint64_t, PendingAsk> asks;  // correlation -> asker (under Node::mu_)
     Status lost;  // why the connection was lost, once it was (under Node::mu_)
   };
   struct PendingResolve {
