@@ -38,7 +38,7 @@ const Choices<model::LossAggregation> kAggregations = {
     {"sequence_sum_over_positions", model::LossAggregation::sequence_sum_over_positions}};
 const Choices<TrainerConfig::Device> kTrainerDevices = {
     {"cpu", TrainerConfig::Device::cpu}, {"cuda", TrainerConfig::Device::cuda}, {"host", TrainerConfig::Device::host}};
-const Choices<Device> kRolloutDevices = {{"cpu", Device::cpu}, {"cuda", Device::cuda}};
+const Choices<Device> kRolloutDevices = {{"cpu", Device::cpu}, {"cuda", Device::cuda}, {"host", Device::host}};
 const Choices<model::MatmulPrecision> kPrecisions = {{"fp32", model::MatmulPrecision::fp32},
                                                      {"tf32", model::MatmulPrecision::tf32},
                                                      {"bf16", model::MatmulPrecision::bf16}};
@@ -267,12 +267,12 @@ Status RlConfig::validate() const {
   if (trainer.device != TrainerConfig::Device::cuda && trainer.precision != model::MatmulPrecision::fp32) {
     return bad(source, "'trainer.precision' is for 'trainer.device' \"cuda\" only (the CPU model is float32)");
   }
-  if (rollout.device == Device::cuda) {
-    if (rollout.batch_invariant) {
-      return bad(source, "'rollout.batch_invariant' must be false with 'rollout.device' \"cuda\" (cuBLAS picks its "
-                         "reduction order by shape, so a sample's last bits depend on its batch); or use \"cpu\"");
-    }
-  } else if (rollout.precision != model::MatmulPrecision::fp32) {
+  if (rollout.device == Device::cuda && rollout.batch_invariant) {
+    return bad(source,
+               "'rollout.batch_invariant' must be false with 'rollout.device' \"cuda\" (cuBLAS picks its "
+               "reduction order by shape, so a sample's last bits depend on its batch); or use \"cpu\"");
+  }
+  if (rollout.device != Device::cuda && rollout.precision != model::MatmulPrecision::fp32) {
     return bad(source, "'rollout.precision' is for 'rollout.device' \"cuda\" only (the CPU model is float32)");
   }
   if (run.mode == Mode::async && run.placement == Placement::colocated) {
@@ -459,6 +459,11 @@ RlConfig job_config_or_throw(const std::string& config_text, std::string_view wh
   auto c = parse_rl_config(config_text, "job config");
   if (!c) throw std::runtime_error(std::string(who) + ": " + c.error().message());
   return std::move(*c);
+}
+
+bool device_weight_broadcast(const RlConfig& c) {
+  return c.rollout.weight_sync == WeightSync::broadcast && c.trainer.device != Device::cpu &&
+         c.trainer.device == c.rollout.device && !c.trainer.shard_optimizer;
 }
 
 std::string rl_config_json(const RlConfig& c) {

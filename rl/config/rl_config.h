@@ -143,11 +143,12 @@ struct AlgorithmConfig {
   size_t epochs = 1, mini_batches = 1;
 };
 
-/// Where a mesh's model computes (trainer.device, rollout.device). `host`
-/// (the trainer's only): the device path on the CPU model
-/// (model::DeviceKind::host), the CPU's steps bit for bit; it runs the
-/// trainer's GPU code paths (state resident in the device model, the
-/// allreduce on its gradients) where there is no GPU.
+/// Where a mesh's model computes (trainer.device, rollout.device). `host`:
+/// the device path on the CPU model (model::DeviceKind::host), the CPU's
+/// steps bit for bit; it runs the GPU code paths where there is no GPU: a
+/// trainer's state resident in the device model and the allreduce on its
+/// gradients, an engine's decoder with weights of its own and a standby,
+/// and the weight broadcast from one to the other (device_weight_broadcast).
 enum class Device : uint8_t { cpu, cuda, host };
 
 /// How new weights go from the trainer to the rollout engines.
@@ -214,6 +215,7 @@ struct RolloutConfig {
   /// (make_device_decoder: the KV cache and the weights on the device,
   /// sampling on the host). cuda needs batch_invariant false: cuBLAS picks
   /// its reduction order by shape, so a row's last bits depend on its batch.
+  /// `host`: see Device.
   Device device = Device::cpu;
   /// cuda: how the GPU multiplies matrices.
   model::MatmulPrecision precision = model::MatmulPrecision::fp32;
@@ -277,6 +279,14 @@ Result<RlConfig> load_rl_config(const std::string& path);
 /// parses it, or throws (naming `who`) so that the actor fails to start; a
 /// failure here means a worker runs another troupe than the driver.
 RlConfig job_config_or_throw(const std::string& config_text, std::string_view who);
+
+/// Whether a weight broadcast goes from trainer rank 0's device parameters
+/// straight into each engine's decoder standby (NCCL between GPUs; the
+/// host kind's collectives on its memory), nothing through the host: with
+/// 'rollout.weight_sync' "broadcast", a trainer resident on a device (not
+/// ZeRO-1, which keeps its parameters on the host) and engines on the same
+/// kind of device. Otherwise the broadcast moves the published host copy.
+bool device_weight_broadcast(const RlConfig& config);
 
 /// The config as a JSON object (every key, defaults included), for the
 /// run's metrics and manifest.

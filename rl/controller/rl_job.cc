@@ -488,6 +488,13 @@ class Job {
   // rollout.weight_sync = "broadcast": each member's handle on the
   // weight-sync group (trainer rank 0's first); empty when not made.
   std::vector<CollectiveGroup> sync_group_;
+  // Engines whose last broadcast went straight into their decoder
+  // (config::device_weight_broadcast).
+  size_t into_device_ = 0;
+  // The last broadcast's root sent its device's parameters.
+  bool from_device_ = false;
+  // A broadcast failed in a way no retry mends: reads from then on.
+  bool broadcast_off_ = false;
   // Whether the ranks are past the warm-up.
   bool rl_phase_ = false;
   // The ranks' optimizer steps in the current phase (each TrainStep says
@@ -964,12 +971,21 @@ Result<double> Job::broadcast_weights(uint64_t version) {
   double engine_s = 0;
   std::vector<size_t> missed;
   std::string why;
+  into_device_ = 0;
+  from_device_ = false;
+  // A failure that no retry mends (NCCL refusing two ranks on one GPU, a
+  // device that cannot hold the standby) rather than a lost member or a
+  // deadline.
+  bool lasting = false;
   while (auto reply = engines.next()) {
     if (reply->second) {
       engine_s = std::max(engine_s, reply->second->seconds);
+      into_device_ += reply->second->into_device;
       continue;
     }
     release();
+    const ErrorCode code = reply->second.error().code();
+    lasting |= code == ErrorCode::invalid_argument || code == ErrorCode::unsupported || code == ErrorCode::start_failed;
     if (why.empty()) why = reply->second.error().message();
     missed.push_back(reply->first);
   }
@@ -984,6 +1000,7 @@ Result<double> Job::broadcast_weights(uint64_t version) {
     why = "trainer rank 0 failed: " + b.error().message();
   } else {
     published_ = b->published;
+    from_device_ = b->from_device;
     if (!b->failed.empty() && missed.empty()) return engine_s;  // every engine has it; the root's side failed late
     if (!b->failed.empty()) why = b->failed;
   }
@@ -992,9 +1009,12 @@ Result<double> Job::broadcast_weights(uint64_t version) {
   // read into either is a fault of its own (read_sync).
   size_t read = 0;
   for (size_t e : missed) read += read_sync(e, why);
+  if (lasting) broadcast_off_ = true;
   fault("the weight broadcast of version " + std::to_string(version) + " failed: " + why,
         std::to_string(read) + " of " + std::to_string(missed.size()) +
-            " engine(s) that missed it synced by one-sided reads; the weight-sync group is made again",
+            " engine(s) that missed it synced by one-sided reads; " +
+            (lasting ? "a failure no retry mends: the engines read the weights from now on"
+                     : "the weight-sync group is made again"),
         seconds_since(start));
   return engine_s;
 }
@@ -1043,13 +1063,15 @@ Result<double> Job::read_weights(uint64_t version) {
 
 Status Job::publish_and_sync(uint64_t version, json& timing) {
   const auto start = Clock::now();
-  const bool broadcast =
-      c_.rollout.weight_sync == config::WeightSync::broadcast && (!sync_group_.empty() || make_sync_group());
+  const bool broadcast = c_.rollout.weight_sync == config::WeightSync::broadcast && !broadcast_off_ &&
+                         (!sync_group_.empty() || make_sync_group());
   auto engine_s = broadcast ? broadcast_weights(version) : read_weights(version);
   if (!engine_s) return engine_s.error();
   const double bytes = static_cast<double>(published_->floats * sizeof(float));
   timing["sync"] = seconds_since(start);
   timing["sync_gbps"] = *engine_s > 0 ? bytes / *engine_s / 1e9 : 0;
+  timing["synced_into_device"] = broadcast ? into_device_ : 0;
+  timing["synced_from_device"] = broadcast && from_device_;
   queue_->publish(version);
   return {};
 }
@@ -1600,7 +1622,9 @@ Result<JobResult> Job::run() {
                  {"dropped_stale", stale},
                  {"time_s", time_s},
                  {"step_s", step_s},
-                 {"sync_gbps", t["sync_gbps"]}};
+                 {"sync_gbps", t["sync_gbps"]},
+                 {"synced_into_device", t["synced_into_device"]},
+                 {"synced_from_device", t["synced_from_device"]}};
     if (st->trained) {
       line.update({{"loss", st->loss},
                    {"grad_norm", st->grad_norm},

@@ -29,6 +29,16 @@ Status assign_positions(const GptConfig& config, std::span<const DecodeRow> rows
   return {};
 }
 
+Result<float*> Decoder::standby_weights() {
+  return error(ErrorCode::unsupported, "decoder: " + describe() +
+                                           " has no standby weights (it runs a host model); give it new weights with "
+                                           "set_weights");
+}
+
+Status Decoder::take_standby() {
+  return Status(ErrorCode::unsupported, "decoder: " + describe() + " has no standby weights; use set_weights");
+}
+
 Status check_decoder_shape(const GptConfig& config, const Gpt<float>& model) {
   // The value head reads nothing from the cache: a policy's decoder serves
   // the same policy with a head.

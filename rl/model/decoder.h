@@ -62,6 +62,29 @@ class Decoder {
   /// token outside the vocabulary, a slot that would pass the context
   /// length; and a device's failure.
   virtual Status append(std::span<const DecodeRow> rows, float* logits) = 0;
+
+  // The next weights, written where the decoder runs them: a device
+  // decoder keeps a second copy of the weights in its own memory, the
+  // standby, which a collective (NCCL's broadcast from the trainer's GPU)
+  // or a device copy fills while the decoder keeps appending with the
+  // current ones; take_standby() then runs it. Nothing crosses to the host
+  // on the way. The CPU cache has none: it runs a host model (set_weights).
+
+  /// The standby: the policy's parameters (ParamLayout of config(): its
+  /// total() floats, layout order) in the decoder's memory (a CUDA pointer on a GPU), allocated on the first
+  /// call; all earlier work has finished when this returns, and the
+  /// pointer stays valid until take_standby() or the decoder's end. Errors:
+  /// unsupported (a decoder without one: the CPU cache), a device failure.
+  virtual Result<float*> standby_weights();
+  /// Runs the standby's weights from now on; the weights it ran become the
+  /// standby. The writer of the standby must have finished. Cached keys and
+  /// values are kept, as with set_weights. Errors: no standby_weights()
+  /// before it, unsupported.
+  virtual Status take_standby();
+  /// Copies the policy's parameters it runs (as the standby's: a value
+  /// head's are not among them) to `host`. Errors: no weights set, a
+  /// device failure.
+  virtual Status read_weights(float* host) = 0;
 };
 
 /// The positions `rows` take (Decoder::append's rule), checking every row

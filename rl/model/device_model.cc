@@ -69,6 +69,7 @@ Result<const Loaded*> cuda_entry_points(const char* what) {
 
 // host_device_model.cc.
 Result<std::unique_ptr<DeviceModel>> make_host_device_model(const GptConfig& config);
+Result<std::unique_ptr<Decoder>> make_host_decoder(const GptConfig& config, size_t slots, bool batch_invariant);
 
 Result<std::unique_ptr<DeviceModel>> make_device_model(const GptConfig& config, const DeviceModelOptions& options) {
   if (Status s = config.validate(); !s.ok()) return error(s);
@@ -85,10 +86,7 @@ Result<std::unique_ptr<Decoder>> make_device_decoder(const GptConfig& config, si
                                                      const DeviceModelOptions& options) {
   if (Status s = config.validate(); !s.ok()) return error(s);
   if (slots == 0) return error(ErrorCode::invalid_argument, "device decoder: zero slots; give it at least one");
-  if (options.kind == DeviceKind::host) {
-    return error(ErrorCode::invalid_argument,
-                 "device decoder: the host kind is a trainer's (make_device_model); decode on the CPU with a KvCache");
-  }
+  if (options.kind == DeviceKind::host) return make_host_decoder(config, slots, options.batch_invariant);
   auto lib = cuda_entry_points("device decoder");
   if (!lib) return error(lib.error());
   std::unique_ptr<Decoder> out;

@@ -31,7 +31,9 @@
 //
 // make_device_decoder gives the inference path on a device: a Decoder
 // (decoder.h) whose KV cache, weights and steps live there, for the
-// rollout engines.
+// rollout engines. A weight sync between devices goes from a trainer's
+// device_params() into a decoder's standby_weights() (a collective: NCCL
+// between GPUs), never through the host.
 //
 // The CUDA model lives in its own library (libtroupe_rl_cuda, built where
 // the CUDA toolkit is): make_device_model loads it when first asked for, so
@@ -71,6 +73,9 @@ struct DeviceModelOptions {
   int device = -1;
   size_t rank = 0;
   MatmulPrecision precision = MatmulPrecision::fp32;
+  /// A host decoder's KvCache::set_batch_invariant (a CUDA decoder's rows
+  /// are never batch-invariant: cuBLAS picks its reduction order by shape).
+  bool batch_invariant = true;
 };
 
 /// A model of one GptConfig whose forward and backward run on a device;
@@ -107,6 +112,12 @@ class DeviceModel {
   /// of the last forward (dlosses: B*T host floats, read before this
   /// returns). Errors: no forward before it.
   virtual Status accumulate_grads(const float* dlosses) = 0;
+  /// The device's parameters (total() floats in its memory, layout order:
+  /// a CUDA pointer on a GPU), for a collective to read (a weight
+  /// broadcast); all the work enqueued before has finished when this
+  /// returns, and no more is enqueued until the next call on this model.
+  /// Errors: a fault in that work.
+  virtual Result<float*> device_params() = 0;
   /// The device's gradients (total() floats in its memory: a CUDA pointer
   /// on a GPU), for a collective to reduce in place; all the work enqueued
   /// before has finished when this returns, and no more is enqueued until
@@ -137,8 +148,12 @@ Result<std::unique_ptr<DeviceModel>> make_device_model(const GptConfig& config, 
 /// A Decoder of `slots` sequences for models of `config`, on the device
 /// `options` name (its `rank` picks the device as for a DeviceModel). Its
 /// memory, 2 * layers * slots * context_length * channels floats of cache
-/// plus the weights, is allocated here. Errors as make_device_model's, and
-/// invalid_argument for zero slots.
+/// plus the weights, is allocated here (and a second copy of the weights
+/// on the first Decoder::standby_weights). DeviceKind::host: the CPU's
+/// KvCache behind the same interface, with weights of its own and a
+/// standby, the device decoder's reference (the CPU cache's logits bit for
+/// bit). Errors as make_device_model's, and invalid_argument for zero
+/// slots.
 Result<std::unique_ptr<Decoder>> make_device_decoder(const GptConfig& config, size_t slots,
                                                      const DeviceModelOptions& options);
 

@@ -4,7 +4,10 @@
 // the same bytes), so a trainer on it takes the CPU trainer's steps bit for
 // bit: the reference the device paths are tested against where there is no
 // GPU. Its gradients are a CollectiveArray (gpt.h), as the CPU model's.
+// The host kind's Decoder is the CPU cache with weights of its own and a
+// standby, as a device decoder has.
 #include <cstring>
+#include <memory>
 #include <optional>
 #include <string>
 #include <utility>
@@ -12,6 +15,7 @@
 #include "model/adamw.h"
 #include "model/device_model.h"
 #include "model/gpt.h"
+#include "model/kv_cache.h"
 
 namespace troupe::rl::model {
 namespace {
@@ -54,6 +58,7 @@ class HostDeviceModel final : public DeviceModel {
     gpt_.backward(dlosses);
     return {};
   }
+  Result<float*> device_params() override { return gpt_.params(); }
   Result<float*> device_grads() override { return gpt_.grads(); }
   Result<double> adamw_step(const AdamWConfig& config) override {
     if (!adamw_ || !(adamw_config_ == config)) {
@@ -97,12 +102,86 @@ class HostDeviceModel final : public DeviceModel {
   bool have_forward_ = false;
 };
 
+// The device decoder's interface on the CPU cache: weights of its own (a
+// copy, as a device's) and a standby to fill while it decodes.
+class HostDecoder final : public Decoder {
+ public:
+  HostDecoder(KvCache cache, Gpt<float> active, Gpt<float> standby)
+      : cache_(std::move(cache)),
+        active_(std::make_unique<Gpt<float>>(std::move(active))),
+        standby_(std::make_unique<Gpt<float>>(std::move(standby))) {
+    (void)cache_.set_weights(*active_);  // the same config: cannot fail
+  }
+
+  std::string describe() const override { return "host (the CPU cache behind the device decoder's interface)"; }
+  const GptConfig& config() const override { return cache_.config(); }
+  size_t slots() const override { return cache_.slots(); }
+  size_t length(size_t slot) const override { return cache_.length(slot); }
+  void clear(size_t slot) override { cache_.clear(slot); }
+  void clear_all() override { cache_.clear_all(); }
+  Status set_weights(const Gpt<float>& model) override {
+    if (Status s = check_decoder_shape(config(), model); !s.ok()) return s;
+    // A value-head model's policy parameters come first (policy_count).
+    std::memcpy(active_->params(), model.params(), total() * sizeof(float));
+    have_weights_ = true;
+    return {};
+  }
+  Status append(std::span<const DecodeRow> rows, float* logits) override {
+    if (!have_weights_) {
+      return Status(ErrorCode::invalid_argument, "host decoder: no weights; call set_weights(model) first");
+    }
+    return cache_.append(rows, logits);
+  }
+  Result<float*> standby_weights() override {
+    standby_asked_ = true;
+    return standby_->params();
+  }
+  Status take_standby() override {
+    if (!standby_asked_) {
+      return Status(ErrorCode::invalid_argument,
+                    "host decoder: take_standby with no standby; fill standby_weights() first");
+    }
+    std::swap(active_, standby_);
+    (void)cache_.set_weights(*active_);
+    have_weights_ = true;
+    return {};
+  }
+  Status read_weights(float* host) override {
+    if (!have_weights_) {
+      return Status(ErrorCode::invalid_argument, "host decoder: no weights; call set_weights(model) first");
+    }
+    std::memcpy(host, active_->params(), total() * sizeof(float));
+    return {};
+  }
+
+ private:
+  size_t total() const { return active_->layout().total(); }
+
+  KvCache cache_;
+  std::unique_ptr<Gpt<float>> active_, standby_;
+  bool have_weights_ = false;
+  bool standby_asked_ = false;
+};
+
 }  // namespace
 
 Result<std::unique_ptr<DeviceModel>> make_host_device_model(const GptConfig& config) {
   auto gpt = Gpt<float>::make(config);
   if (!gpt) return error(gpt.error());
   return std::unique_ptr<DeviceModel>(new HostDeviceModel(std::move(*gpt)));
+}
+
+Result<std::unique_ptr<Decoder>> make_host_decoder(const GptConfig& config, size_t slots, bool batch_invariant) {
+  GptConfig policy = config;
+  policy.value_head = false;  // a decoder runs the policy alone
+  auto cache = KvCache::make(policy, slots);
+  if (!cache) return error(cache.error());
+  cache->set_batch_invariant(batch_invariant);
+  auto active = Gpt<float>::make(policy);
+  if (!active) return error(active.error());
+  auto standby = Gpt<float>::make(policy);
+  if (!standby) return error(standby.error());
+  return std::unique_ptr<Decoder>(new HostDecoder(std::move(*cache), std::move(*active), std::move(*standby)));
 }
 
 }  // namespace troupe::rl::model

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <string>
 
@@ -42,6 +43,14 @@ void KvCache::size_scratch(size_t n) {
 Status KvCache::set_weights(const Gpt<float>& model) {
   if (Status s = check_decoder_shape(config_, model); !s.ok()) return s;
   model_ = &model;
+  return {};
+}
+
+Status KvCache::read_weights(float* host) {
+  if (model_ == nullptr) {
+    return Status(ErrorCode::invalid_argument, "kv cache: no weights; call set_weights(model) first");
+  }
+  std::memcpy(host, model_->params(), model_->layout().policy_count() * sizeof(float));
   return {};
 }
 

@@ -52,6 +52,7 @@ class KvCache final : public Decoder {
   /// Refers to `model` (no copy).
   Status set_weights(const Gpt<float>& model) override;
   Status append(std::span<const DecodeRow> rows, float* logits) override;
+  Status read_weights(float* host) override;
   /// set_weights(model), then append(rows, logits).
   Status append(const Gpt<float>& model, std::span<const DecodeRow> rows, float* logits);
 

@@ -37,11 +37,18 @@ RolloutEngine::RolloutEngine(std::string config_toml)
   if (!gpt) throw std::runtime_error("rollout engine: " + gpt.error().message());
   active_ = std::make_shared<model::Gpt<float>>(*gpt);
   standby_ = std::make_shared<model::Gpt<float>>(std::move(*gpt));
-  if (config_.rollout.device == config::Device::cuda) {
+  if (config_.rollout.device != config::Device::cpu) {
+    const bool cuda = config_.rollout.device == config::Device::cuda;
     auto dev = model::make_device_decoder(config_.model.shape, config_.rollout.max_sequences,
-                                          {.kind = model::DeviceKind::cuda, .precision = config_.rollout.precision});
-    if (!dev) throw std::runtime_error("rollout engine: 'rollout.device' \"cuda\": " + dev.error().message());
+                                          {.kind = cuda ? model::DeviceKind::cuda : model::DeviceKind::host,
+                                           .precision = config_.rollout.precision,
+                                           .batch_invariant = config_.rollout.batch_invariant});
+    if (!dev) {
+      throw std::runtime_error(std::string("rollout engine: 'rollout.device' \"") + (cuda ? "cuda" : "host") +
+                               "\": " + dev.error().message());
+    }
     decoder_ = std::move(*dev);
+    broadcast_into_decoder_ = config::device_weight_broadcast(config_);
   } else {
     auto cache = model::KvCache::make(config_.model.shape, config_.rollout.max_sequences);
     if (!cache) throw std::runtime_error("rollout engine: " + cache.error().message());
@@ -231,22 +238,35 @@ Deferred<SyncReport> RolloutEngine::handle(const ReceiveWeights& m) {
     reply.fail(Status(ErrorCode::already_exists, what + ": a weight sync is already in progress; wait for it"));
     return reply;
   }
-  syncing_ = true;
-  const auto start = Clock::now();
   // The standby copy is the engine's alone until the switch: the decode
   // steps in between read the active one. A failed broadcast leaves the
   // standby half written, which the next sync writes over whole.
-  Collective c{sync_group_->id, sync_group_->rank, standby_->params(), n, DType::float32, ReduceOp::sum,
-               CollectiveKind::broadcast, /*root=*/0};
-  ask<void>(sync_group_->engine(self()), c, std::chrono::milliseconds(sync_group_->timeout_ms) + std::chrono::seconds(5))
+  float* into = standby_->params();
+  if (broadcast_into_decoder_) {
+    auto standby = decoder_->standby_weights();
+    if (!standby) {
+      reply.fail(Status(standby.error().code(), what + ": the decoder's standby: " + standby.error().message()));
+      return reply;
+    }
+    into = *standby;
+  }
+  syncing_ = true;
+  const auto start = Clock::now();
+  Collective c{sync_group_->id, sync_group_->rank, into, n, DType::float32, ReduceOp::sum, CollectiveKind::broadcast,
+               /*root=*/0};
+  ask<void>(sync_group_->engine(self()), c,
+            std::chrono::milliseconds(sync_group_->timeout_ms) + std::chrono::seconds(5))
       // `keep`: the standby stays alive while the collective may write into
       // it, whatever happens to this actor meanwhile.
-      .then([this, reply, what, version = m.version, n, start, keep = standby_](Result<void> r) mutable {
+      .then([this, reply, what, version = m.version, n, start, direct = broadcast_into_decoder_,
+             keep = std::make_pair(standby_, decoder_)](Result<void> r) mutable {
         syncing_ = false;
         if (!r) return reply.fail(Status(r.error().code(), what + " failed: " + r.error().message()));
         const uint32_t interrupted = static_cast<uint32_t>(live_.size());
-        if (Status s = switch_weights(version); !s.ok()) return reply.fail(Status(s.code(), what + " failed: " + s.message()));
-        reply.complete(SyncReport{version, n * sizeof(float), seconds_since(start), interrupted});
+        if (Status s = switch_weights(version, direct); !s.ok()) {
+          return reply.fail(Status(s.code(), what + " failed: " + s.message()));
+        }
+        reply.complete(SyncReport{version, n * sizeof(float), seconds_since(start), interrupted, direct});
       });
   return reply;
 }
@@ -284,9 +304,15 @@ void RolloutEngine::pump(const std::shared_ptr<SyncState>& st) {
   }
 }
 
-Status RolloutEngine::switch_weights(uint64_t version) {
-  if (Status s = decoder_->set_weights(*standby_); !s.ok()) return s;
-  std::swap(active_, standby_);
+Status RolloutEngine::switch_weights(uint64_t version, bool in_decoder) {
+  if (in_decoder) {
+    if (Status s = decoder_->take_standby(); !s.ok()) return s;
+    host_current_ = false;
+  } else {
+    if (Status s = decoder_->set_weights(*standby_); !s.ok()) return s;
+    std::swap(active_, standby_);
+    host_current_ = true;
+  }
   version_ = version;
   report_.version = version;
   // Sequences in flight go on with the new weights: their keys and values
@@ -300,13 +326,24 @@ Status RolloutEngine::switch_weights(uint64_t version) {
   return {};
 }
 
-EngineReport RolloutEngine::handle(const GetEngineReport&) {
+Result<EngineReport> RolloutEngine::handle(const GetEngineReport&) {
   EngineReport r = report_;
   r.version = version_;
   r.live = static_cast<uint32_t>(live_.size());
   r.queued = static_cast<uint32_t>(queued_.size());
   r.pid = static_cast<int64_t>(::getpid());
-  r.checksum = tasks::fnv1a(active_->params(), active_->layout().total() * sizeof(float));
+  if (host_current_) {
+    r.checksum = tasks::fnv1a(active_->params(), active_->layout().total() * sizeof(float));
+  } else {
+    // A device broadcast's weights are in the decoder alone (a device
+    // model has no value head: the policy's parameters are all of them).
+    std::vector<float> in_use(active_->layout().total());
+    if (Status s = decoder_->read_weights(in_use.data()); !s.ok()) {
+      return error(s.code(),
+                   "rollout engine: reading its weights back from " + decoder_->describe() + ": " + s.message());
+    }
+    r.checksum = tasks::fnv1a(in_use.data(), in_use.size() * sizeof(float));
+  }
   r.device = decoder_->describe();
   return r;
 }

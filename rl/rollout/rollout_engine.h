@@ -93,10 +93,11 @@ struct SyncWeights {
 /// the weight-sync group's broadcast (trainer::JoinWeightSyncGroup; trainer
 /// rank 0 sends them with BroadcastWeights) into the standby copy, while
 /// the engine keeps decoding with the other, then switches as SyncWeights
-/// does. Errors, with the engine's weights unchanged: not in that group (it
-/// restarted since), a sync in progress, the broadcast failed (an engine or
-/// the trainer gone, the group's deadline, a root with another model's
-/// size: the group's ranks disagree).
+/// does. With config::device_weight_broadcast the standby is the device
+/// decoder's own (Decoder::standby_weights): trainer rank 0's device sends
+/// its parameters there (NCCL between GPUs), and nothing crosses the host. Errors, with the engine's weights unchanged:
+/// not in that group (it restarted since), a sync in progress, the broadcast failed (an engine or the trainer gone, the
+/// group's deadline, a root with another model's size: the group's ranks disagree).
 struct ReceiveWeights {
   uint64_t version = 0;
   std::string group;
@@ -111,7 +112,10 @@ struct SyncReport {
   double seconds = 0;
   /// Sequences in flight that went on with the new weights.
   uint32_t interrupted = 0;
-  TROUPE_FIELDS(version, bytes, seconds, interrupted);
+  /// The weights went straight into the decoder's standby
+  /// (config::device_weight_broadcast: NCCL between GPUs), no host copy.
+  bool into_device = false;
+  TROUPE_FIELDS(version, bytes, seconds, interrupted, into_device);
 };
 
 /// The engine's counters.
@@ -149,7 +153,8 @@ class RolloutEngine : public Actor<RolloutEngine, Generate, SyncWeights, trainer
   Deferred<SyncReport> handle(const SyncWeights& m);
   void handle(const trainer::JoinWeightSyncGroup& m);
   Deferred<SyncReport> handle(const ReceiveWeights& m);
-  EngineReport handle(const GetEngineReport& m);
+  /// Errors: a device decoder's weights could not be read back (checksum).
+  Result<EngineReport> handle(const GetEngineReport& m);
   void handle(const EngineTick& m);
 
  private:
@@ -176,17 +181,25 @@ class RolloutEngine : public Actor<RolloutEngine, Generate, SyncWeights, trainer
   // Moves queued sequences whose version is met into free slots.
   void admit();
   void finish(Sequence& s, model::StopReason why);
-  // Decodes with the standby copy from now on. Errors: the decoder could
-  // not take the weights (a device's copy failed); nothing changed.
-  Status switch_weights(uint64_t version);
+  // Decodes with the standby copy from now on: the host's (standby_), or
+  // with `in_decoder` the decoder's own (a device broadcast filled it).
+  // Errors: the decoder could not take the weights (a device's copy
+  // failed); nothing changed.
+  Status switch_weights(uint64_t version, bool in_decoder = false);
   // A sync in progress: its reads of the published buffer, in buckets.
   struct SyncState;
   void pump(const std::shared_ptr<SyncState>& st);
 
   config::RlConfig config_;
   std::shared_ptr<model::Gpt<float>> active_, standby_;
+  // active_ holds the weights the decoder runs (false after a device
+  // broadcast: they are in the decoder alone).
+  bool host_current_ = true;
   uint64_t version_ = kNoVersion;
-  std::unique_ptr<model::Decoder> decoder_;
+  // Shared: a collective writing into its standby keeps it alive.
+  std::shared_ptr<model::Decoder> decoder_;
+  // config::device_weight_broadcast: broadcasts go into the decoder.
+  bool broadcast_into_decoder_ = false;
   std::deque<Sequence> queued_;
   std::vector<Sequence> live_;
   std::vector<uint32_t> free_slots_;

@@ -38,11 +38,26 @@ void PolicyTrainer::pull_optimizer() const {
   host_optimizer_behind_ = false;
 }
 
-Status PolicyTrainer::push() {
+Status PolicyTrainer::push_params() {
   if (device_params_behind_) {
     if (Status s = device_->upload_params(model_.params()); !s.ok()) return s;
     device_params_behind_ = false;
   }
+  return {};
+}
+
+Result<float*> PolicyTrainer::device_params() {
+  if (!resident_) {
+    return error(ErrorCode::invalid_argument,
+                 "policy trainer: the parameters are not resident on a device (no device, or ZeRO-1's range); read "
+                 "them with copy_params");
+  }
+  if (Status s = push_params(); !s.ok()) return error(s);
+  return device_->device_params();
+}
+
+Status PolicyTrainer::push() {
+  if (Status s = push_params(); !s.ok()) return s;
   if (device_optimizer_behind_) {
     if (Status s = device_->restore_adamw_state(adamw_.m().data(), adamw_.v().data(), adamw_.steps()); !s.ok()) {
       return s;

@@ -89,6 +89,12 @@ class PolicyTrainer {
   /// layout) to host memory at `dst`: from a resident device when it is
   /// ahead, without going through model(). Errors: the device's.
   Status copy_params(float* dst, size_t floats) const;
+  /// Resident: the device's parameters (all of the layout, in the device's
+  /// memory: a CUDA pointer on a GPU) for a collective to read (a weight
+  /// broadcast), the host's sent there first when they are ahead; valid
+  /// until the next step or write. Errors: not resident
+  /// (invalid_argument), the device's.
+  Result<float*> device_params();
 
   /// One optimizer step on the mean next-token loss of the batch's
   /// completion tokens. Errors: a batch the model refuses (its message).
@@ -153,6 +159,7 @@ class PolicyTrainer {
 
   // Resident: sends the host's state where the device's is behind.
   Status push();
+  Status push_params();
   // Resident: brings the host's parameters / optimizer up to date.
   void pull_params() const;
   void pull_optimizer() const;

@@ -351,9 +351,24 @@ Deferred<WeightsBroadcast> TrainerRank::handle(const BroadcastWeights& m) {
   const auto start = Clock::now();
   // The published buffer is not written again before the next
   // PublishWeights or BroadcastWeights, which the driver sends once this
-  // one is answered.
-  Collective c{sync_group_->id, sync_group_->rank, published_.data(), out.published.floats, DType::float32,
-               ReduceOp::sum, CollectiveKind::broadcast, /*root=*/0};
+  // one is answered; nor are a resident device's parameters (no step
+  // before then either).
+  float* from = static_cast<float*>(published_.data());
+  if (config::device_weight_broadcast(config_)) {
+    // Straight from the device's parameters into the engines' decoders
+    // (NCCL between GPUs). The published copy above stays the fallback
+    // for engines that miss the broadcast.
+    auto on_device = trainer_->device_params();
+    if (!on_device) {
+      out.failed = "trainer rank 0: the device's parameters: " + on_device.error().message();
+      reply.complete(std::move(out));
+      return reply;
+    }
+    from = *on_device;
+    out.from_device = true;
+  }
+  Collective c{sync_group_->id, sync_group_->rank,         from,      out.published.floats, DType::float32,
+               ReduceOp::sum,   CollectiveKind::broadcast, /*root=*/0};
   ask<void>(sync_group_->engine(self()), c, std::chrono::milliseconds(sync_group_->timeout_ms) + std::chrono::seconds(5))
       .then([reply, out, start](Result<void> r) mutable {
         out.seconds = seconds_since(start);

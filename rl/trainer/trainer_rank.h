@@ -159,7 +159,9 @@ struct JoinWeightSyncGroup {
 /// Publishes the parameters as `version` (what PublishWeights does), then
 /// broadcasts the published buffer over the weight-sync group `group` (of
 /// which this rank is rank 0, the root): each engine takes it with
-/// rollout::ReceiveWeights.
+/// rollout::ReceiveWeights. With config::device_weight_broadcast it
+/// broadcasts the device's parameters instead (NCCL between GPUs); the
+/// published copy remains for engines that miss it.
 struct BroadcastWeights {
   uint64_t version = 0;
   std::string group;
@@ -175,7 +177,10 @@ struct WeightsBroadcast {
   std::string failed;
   /// The broadcast's time on this rank.
   double seconds = 0;
-  TROUPE_FIELDS(published, failed, seconds);
+  /// It sent the device's parameters (config::device_weight_broadcast),
+  /// not the published host copy.
+  bool from_device = false;
+  TROUPE_FIELDS(published, failed, seconds, from_device);
 };
 
 /// Ends the warm-up: the current weights become the reference policy of

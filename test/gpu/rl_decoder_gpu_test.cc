@@ -2,8 +2,10 @@
 // and decode step) against the CPU's KV cache (kv_cache.h) on the same
 // weights and rows: prompts prefilled whole, decode steps, a prompt joining
 // between steps (continuous batching), a slot cleared and refilled, new
-// weights; greedy generation's tokens and log-probabilities; bad rows
-// refused without changing the cache.
+// weights, and new weights written into its standby on the device; greedy
+// generation's tokens and log-probabilities; bad rows refused without
+// changing the cache.
+#include <cuda_runtime_api.h>
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -17,8 +19,11 @@
 #include "model/generate.h"
 #include "model/gpt.h"
 #include "model/kv_cache.h"
+#include "support/decoder_standby.h"
 
 using namespace troupe::rl::model;
+
+constexpr auto step = troupe::test::check_same_step;
 
 namespace {
 
@@ -32,31 +37,6 @@ std::unique_ptr<Decoder> make_gpu_decoder(const GptConfig& config, size_t slots,
   INFO((d ? std::string("ok") : d.error().to_string()));
   REQUIRE(d.has_value());
   return std::move(*d);
-}
-
-/// The largest |gpu - cpu| over the logits, relative to the largest |cpu|.
-double relative_max_error(const std::vector<float>& gpu, const std::vector<float>& cpu) {
-  double diff = 0, ref = 0;
-  for (size_t i = 0; i < cpu.size(); ++i) {
-    const double d = std::abs(static_cast<double>(gpu[i]) - cpu[i]);
-    if (!(d <= diff)) diff = d;  // NaN counts as worst
-    ref = std::max(ref, std::abs(static_cast<double>(cpu[i])));
-  }
-  return ref == 0 ? diff : diff / ref;
-}
-
-/// Runs the same rows through both and compares the logits and lengths.
-void step(Decoder& gpu, KvCache& cpu, const std::vector<DecodeRow>& rows, double tol, const char* what) {
-  const size_t V = cpu.config().vocab_size;
-  std::vector<float> a(rows.size() * V), b(rows.size() * V);
-  REQUIRE(cpu.append(rows, b.data()).ok());
-  auto s = gpu.append(rows, a.data());
-  INFO(what << ": " << s.to_string());
-  REQUIRE(s.ok());
-  const double err = relative_max_error(a, b);
-  INFO(what << ": worst logit error " << err << " (relative to the largest logit)");
-  CHECK(err <= tol);
-  for (size_t slot = 0; slot < cpu.slots(); ++slot) CHECK(gpu.length(slot) == cpu.length(slot));
 }
 
 std::vector<DecodeRow> prompt(uint32_t slot, std::initializer_list<int32_t> tokens) {
@@ -111,6 +91,26 @@ TEST_CASE("gpu decoder: prefill, decode, a prompt joining and new weights give t
       gpu->clear_all();
       step(*gpu, cpu, prompt(3, {256, 1, 1, 2, 3, 5, 8, 13}), mode.tol, "new weights");
     }
+  }
+}
+
+TEST_CASE(
+    "gpu decoder: new weights written into its standby on the device change nothing until taken, then run "
+    "(bf16 rounds them anew)",
+    "[gpu][rl]") {
+  struct Mode {
+    MatmulPrecision precision;
+    double tol;
+  };
+  for (Mode mode : {Mode{MatmulPrecision::fp32, 1e-4}, Mode{MatmulPrecision::bf16, 5e-2}}) {
+    INFO("precision " << static_cast<int>(mode.precision));
+    auto gpu = make_gpu_decoder(small(true), 4, mode.precision);
+    troupe::test::check_decoder_standby(
+        *gpu,
+        [](float* standby, const float* host, size_t n) {
+          REQUIRE(cudaMemcpy(standby, host, n * sizeof(float), cudaMemcpyHostToDevice) == cudaSuccess);
+        },
+        mode.tol, /*batch_invariant=*/false);
   }
 }
 

@@ -9,13 +9,17 @@
 #include <cuda_runtime_api.h>
 
 #include <cmath>
-#include <optional>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <optional>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "controller/rl_job.h"
 #include "model/device_model.h"
@@ -139,9 +143,30 @@ TEST_CASE("gpu trainer: the CUDA device model's policy steps follow the CPU mode
 
 namespace {
 
-/// Runs the GPU example (with `from` replaced by `to` in its text) and checks that
-/// it learns, with the meshes on the devices `expect` names.
-void check_gpu_example_learns(const std::string& from, const std::string& to, const std::vector<std::string>& expect) {
+/// Text replacements in a config: each `first` by its `second`.
+using Edits = std::vector<std::pair<std::string, std::string>>;
+
+/// The "event" lines of `kind` in a metrics file.
+std::vector<nlohmann::json> events_of(const fs::path& metrics, const std::string& kind) {
+  std::vector<nlohmann::json> out;
+  std::ifstream in(metrics);
+  for (std::string line; std::getline(in, line);) {
+    auto j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (j.is_object() && j.value("event", "") == kind) out.push_back(std::move(j));
+  }
+  return out;
+}
+
+int device_count() {
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess ? n : 0;
+}
+
+/// Runs the GPU example (with `edits` made to its text) and checks that it
+/// learns, with the meshes on the devices `expect` names; `check_metrics`
+/// then reads its metrics.jsonl.
+void check_gpu_example_learns(const Edits& edits, const std::vector<std::string>& expect,
+                              const std::function<void(const fs::path&)>& check_metrics = {}) {
   // A bundle run on another machine (scripts/gpu.sh) names where the
   // examples are there.
   const char* examples = std::getenv("TROUPE_EXAMPLES_DIR");
@@ -150,8 +175,9 @@ void check_gpu_example_learns(const std::string& from, const std::string& to, co
   text << in.rdbuf();
   std::string config = text.str();
   REQUIRE_FALSE(config.empty());
-  if (!from.empty()) {
+  for (const auto& [from, to] : edits) {
     const size_t at = config.find(from);
+    INFO("the example has \"" << from << "\"");
     REQUIRE(at != std::string::npos);
     config.replace(at, from.size(), to);
   }
@@ -166,6 +192,7 @@ void check_gpu_example_learns(const std::string& from, const std::string& to, co
   std::vector<std::string> lines;
   o.progress = [&](const std::string& line) { lines.push_back(line); };
   auto r = controller::run_rl_job((*s)->runtime(), (*s)->cluster(), config, o);
+  if (r && check_metrics) check_metrics(dir / "metrics.jsonl");
   std::error_code ec;
   fs::remove_all(dir, ec);
   INFO((r ? std::string("ok") : r.error().to_string()));
@@ -187,10 +214,41 @@ void check_gpu_example_learns(const std::string& from, const std::string& to, co
 
 TEST_CASE("gpu job: the main example with its trainer rank and rollout engine on the GPU learns arithmetic",
           "[gpu][rl][job]") {
-  check_gpu_example_learns("", "", {"trainer rank 0 on cuda:", "rollout engine 0 on cuda:"});
+  check_gpu_example_learns({}, {"trainer rank 0 on cuda:", "rollout engine 0 on cuda:"});
+}
+
+TEST_CASE(
+    "gpu job: a weight broadcast goes by NCCL from the trainer's GPU into the engine's decoder on two GPUs, or "
+    "on one GPU the job reads the weights from the first refusal on, and learns either way",
+    "[gpu][rl][job][nccl]") {
+  // One GPU: the trainer rank and the engine share it (half each), and
+  // NCCL refuses two ranks on one device.
+  const bool two = device_count() >= 2;
+  const std::string share = two ? "1" : "0.5";
+  const Edits edits{
+      {"placement = \"colocated\"", "placement = \"disaggregated\""},
+      {"precision = \"fp32\"", "precision = \"fp32\"\ngpus_per_rank = " + share},
+      {"batch_invariant = false", "batch_invariant = false\nweight_sync = \"broadcast\"\ngpus_per_engine = " + share}};
+  check_gpu_example_learns(edits, {"trainer rank 0 on cuda:", "rollout engine 0 on cuda:"}, [&](const fs::path& m) {
+    auto steps = events_of(m, "step");
+    REQUIRE(steps.size() == 300);
+    auto faults = events_of(m, "fault");
+    if (two) {
+      for (const auto& st : steps) {
+        CHECK(st["synced_into_device"] == 1);
+        CHECK(st["synced_from_device"] == true);
+      }
+      CHECK(faults.empty());
+    } else {
+      // Refused once, with NCCL's reason; reads from then on.
+      REQUIRE(faults.size() == 1);
+      CHECK_THAT(faults[0].dump(), Catch::Contains("NCCL") && Catch::Contains("read the weights from now on"));
+      for (const auto& st : steps) CHECK(st["synced_into_device"] == 0);
+    }
+  });
 }
 
 TEST_CASE("gpu job: the main example with only its trainer rank on the GPU learns arithmetic", "[gpu][rl][job]") {
-  check_gpu_example_learns("device = \"cuda\"\nbatch_invariant = false", "device = \"cpu\"",
+  check_gpu_example_learns({{"device = \"cuda\"\nbatch_invariant = false", "device = \"cpu\""}},
                            {"trainer rank 0 on cuda:"});
 }

@@ -16,11 +16,13 @@
 #include <catch2/catch.hpp>
 
 #include "config/rl_config.h"
-#include "support/counting_device.h"
-#include "support/scoped_env.h"
 #include "controller/rl_job.h"
 #include "model/device_model.h"
 #include "model/gpt.h"
+#include "model/kv_cache.h"
+#include "support/counting_device.h"
+#include "support/decoder_standby.h"
+#include "support/scoped_env.h"
 #include "train/policy_trainer.h"
 #include "troupe/init.h"
 
@@ -290,6 +292,30 @@ TEST_CASE("device decoder: the CUDA decoder is made where a GPU is, and refused 
   CHECK(none.error().code() == ErrorCode::invalid_argument);
 }
 
+TEST_CASE(
+    "device decoder: the host kind decodes with its weights while its standby is filled and runs the standby "
+    "once taken, the CPU cache's logits bit for bit",
+    "[rl][generate]") {
+  const model::GptConfig config{.vocab_size = 259, .context_length = 32, .layers = 2, .heads = 4, .channels = 64};
+  for (bool invariant : {true, false}) {
+    INFO("batch_invariant " << invariant);
+    auto d = model::make_device_decoder(config, 4, {.kind = model::DeviceKind::host, .batch_invariant = invariant});
+    INFO((d ? std::string("ok") : d.error().to_string()));
+    REQUIRE(d.has_value());
+    CHECK_THAT((*d)->describe(), Catch::StartsWith("host"));
+    troupe::test::check_decoder_standby(
+        **d, [](float* standby, const float* host, size_t n) { std::memcpy(standby, host, n * sizeof(float)); },
+        /*tol=*/0, invariant);
+  }
+  // The CPU cache runs a host model: it has no standby, and says what to use.
+  auto cache = model::KvCache::make(config, 2).value();
+  auto none = cache.standby_weights();
+  REQUIRE_FALSE(none.has_value());
+  CHECK(none.error().code() == ErrorCode::unsupported);
+  CHECK_THAT(none.error().message(), Catch::Contains("set_weights"));
+  CHECK(cache.take_standby().code() == ErrorCode::unsupported);
+}
+
 TEST_CASE("rl config: trainer.device and trainer.precision are checked against what the device runs", "[rl][config]") {
   auto refusal = [](const std::string& toml) {
     auto c = config::parse_rl_config(toml, "test.toml");
@@ -322,4 +348,37 @@ TEST_CASE("rl config: trainer.device and trainer.precision are checked against w
   CHECK(ok->trainer.device == config::TrainerConfig::Device::cuda);
   CHECK(ok->trainer.precision == model::MatmulPrecision::bf16);
   CHECK(ok->trainer.gpus_per_rank == 0.5);
+  // The host kind decodes as the CPU does (batch-invariant or not), in float32.
+  CHECK_THAT(refusal("[rollout]\ndevice = \"host\"\nprecision = \"bf16\"\n"), Catch::Contains("'rollout.precision'"));
+  auto host = config::parse_rl_config("[rollout]\ndevice = \"host\"\n", "t");
+  REQUIRE(host);
+  CHECK(host->rollout.device == config::Device::host);
+  CHECK(host->rollout.batch_invariant);
+}
+
+TEST_CASE(
+    "rl config: a broadcast goes from the trainer's device into the engines' decoders only when both are on the "
+    "same kind of device and the trainer's state is resident",
+    "[rl][config]") {
+  auto direct = [](const std::string& extra) {
+    auto c = config::parse_rl_config("[run]\nplacement = \"disaggregated\"\n" + extra, "t");
+    INFO((c ? std::string("ok") : c.error().message()));
+    REQUIRE(c);
+    return config::device_weight_broadcast(*c);
+  };
+  const std::string both = "[trainer]\ndevice = \"host\"\n[rollout]\ndevice = \"host\"\n";
+  CHECK(direct(both + "weight_sync = \"broadcast\"\n"));
+  CHECK_FALSE(direct(both));  // by reads
+  CHECK_FALSE(direct("[trainer]\ndevice = \"host\"\n[rollout]\nweight_sync = \"broadcast\"\n"));
+  CHECK_FALSE(direct("[rollout]\ndevice = \"host\"\nweight_sync = \"broadcast\"\n"));
+  CHECK_FALSE(
+      direct("[trainer]\ndevice = \"host\"\n[rollout]\ndevice = \"cuda\"\nbatch_invariant = false\n"
+             "weight_sync = \"broadcast\"\n"));
+  // ZeRO-1 keeps the parameters on the host.
+  CHECK_FALSE(
+      direct("[trainer]\ndevice = \"host\"\nranks = 2\nshard_optimizer = true\n[rollout]\nengines = 2\n"
+             "device = \"host\"\nweight_sync = \"broadcast\"\n"));
+  CHECK(
+      direct("[trainer]\ndevice = \"cuda\"\n[rollout]\ndevice = \"cuda\"\nbatch_invariant = false\n"
+             "weight_sync = \"broadcast\"\n"));
 }

@@ -535,6 +535,58 @@ TEST_CASE("rl job: rollout.weight_sync = broadcast takes the one-sided reads' st
   for (const auto& step : b) CHECK(step["sync_gbps"].get<double>() > 0);
 }
 
+TEST_CASE(
+    "rl job: with trainer and engines on a device kind a broadcast goes from the trainer's device parameters "
+    "straight into each engine's decoder standby, and takes the CPU job's steps bit for bit",
+    "[rl][job][weight_sync]") {
+  // The host kind runs the GPU code paths on the CPU (config::Device): the
+  // trainer's resident parameters broadcast into the decoders' standbys, as
+  // NCCL does between GPUs, with nothing through the published host copy.
+  TempDir on_cpu, on_device;
+  auto s = session();
+  const std::string run = "placement = \"disaggregated\"\n";
+  controller::JobOptions quiet = quiet_options({});
+  auto cpu = quiet;
+  cpu.run_dir = on_cpu.path.string();
+  REQUIRE(controller::run_rl_job(s->runtime(), s->cluster(),
+                                 small_job(run, 4, "[trainer]\nranks = 2\n[rollout]\nengines = 2\n"), cpu));
+  auto dev = quiet;
+  dev.run_dir = on_device.path.string();
+  size_t checked = 0;
+  dev.after_step = [&](size_t, const controller::JobProbe& probe) {
+    auto trainers = probe.trainer_checksums();
+    auto engines = probe.engine_checksums();
+    REQUIRE(engines.size() == 2);
+    for (uint64_t e : engines) CHECK(e == trainers.at(0));  // read back from the decoders
+    ++checked;
+  };
+  auto ran = controller::run_rl_job(
+      s->runtime(), s->cluster(),
+      small_job(run, 4,
+                "[trainer]\nranks = 2\ndevice = \"host\"\n[rollout]\nengines = 2\ndevice = \"host\"\n"
+                "weight_sync = \"broadcast\"\n"),
+      dev);
+  INFO((ran ? std::string() : ran.error().message()));
+  REQUIRE(ran);
+  CHECK(checked == 4);
+  const auto metrics = on_device.path / "metrics.jsonl";
+  CHECK(events(metrics, "fault").empty());
+  auto a = events(on_cpu.path / "metrics.jsonl", "step");
+  auto b = events(metrics, "step");
+  REQUIRE(a.size() == 4);
+  REQUIRE(b.size() == 4);
+  check_same_steps(a, b, 0, 4);
+  for (const auto& step : b) {
+    CHECK(step["synced_into_device"] == 2);
+    CHECK(step["synced_from_device"] == true);
+    CHECK(step["sync_gbps"].get<double>() > 0);
+  }
+  for (const auto& step : a) {
+    CHECK(step["synced_into_device"] == 0);
+    CHECK(step["synced_from_device"] == false);
+  }
+}
+
 TEST_CASE("rl job: several updates a step (epochs x mini-batches) take that many optimizer steps, and the later "
           "ones are clipped against the sampling policy",
           "[rl][job]") {

@@ -2,7 +2,8 @@
 // actor in real processes: trainer rank 0 broadcasts its published weights
 // over one collective group with the rollout engines (troupe::make_group
 // across the two meshes), each engine takes them into its standby copy and
-// switches; an engine killed mid-broadcast fails it at once on the trainer
+// switches (on devices: the trainer's device parameters into each decoder's
+// standby); an engine killed mid-broadcast fails it at once on the trainer
 // and the other engines (not at the group's deadline), which keep their
 // weights and take the new ones by one-sided reads of the published buffer,
 // the job's fallback. The job's own use of it: rl_job_test.cc.
@@ -66,8 +67,8 @@ void join(const troupe::ActorMesh<trainer::TrainerRank>& trainers,
 // and checks that each one took it and now generates with the trainer's
 // weights (checksum). Returns the weights' bytes.
 uint64_t broadcast_to_all(const troupe::ActorMesh<trainer::TrainerRank>& trainers,
-                      const troupe::ActorMesh<rollout::RolloutEngine>& engines, const std::string& id,
-                      uint64_t version) {
+                          const troupe::ActorMesh<rollout::RolloutEngine>& engines, const std::string& id,
+                          uint64_t version, bool on_device = false) {
   auto root = trainers.member(0).ask(trainer::BroadcastWeights{version, id}, 60s);
   std::vector<troupe::Future<rollout::SyncReport>> got;
   for (size_t e = 0; e < engines.size(); ++e) {
@@ -77,6 +78,7 @@ uint64_t broadcast_to_all(const troupe::ActorMesh<trainer::TrainerRank>& trainer
   REQUIRE(sent.has_value());
   INFO(sent->failed);
   REQUIRE(sent->failed.empty());
+  CHECK(sent->from_device == on_device);
   const uint64_t checksum = trainers.member(0).ask(trainer::GetTrainerInfo{}).get().value().checksum;
   for (size_t e = 0; e < engines.size(); ++e) {
     INFO("engine " << e);
@@ -85,6 +87,7 @@ uint64_t broadcast_to_all(const troupe::ActorMesh<trainer::TrainerRank>& trainer
     REQUIRE(r.has_value());
     CHECK(r->version == version);
     CHECK(r->bytes == sent->published.floats * sizeof(float));
+    CHECK(r->into_device == on_device);
     auto rep = engines.member(e).ask(rollout::GetEngineReport{}).get().value();
     CHECK(rep.version == version);
     CHECK(rep.checksum == checksum);
@@ -105,13 +108,19 @@ std::string host_of(int64_t pid) {
 
 }  // namespace
 
-TEST_CASE("weight sync by broadcast: trainer rank 0's weights reach every engine over one group across the two "
-          "meshes and an engine killed mid-broadcast fails it at once on the others which keep their weights and "
-          "read the new ones",
-          "[rl][weight_sync]") {
-  const std::string text =
-      "[run]\nseed = 5\nplacement = \"disaggregated\"\n[model]\ninit = \"random\"\n"
-      "[rollout]\nengines = 3\nweight_sync = \"broadcast\"\n";
+TEST_CASE(
+    "weight sync by broadcast: trainer rank 0's weights reach every engine over one group across the two "
+    "meshes and an engine killed mid-broadcast fails it at once on the others which keep their weights and "
+    "read the new ones, with the weights on the host or on devices",
+    "[rl][weight_sync]") {
+  // On devices (the host kind: config::Device): from the trainer's device
+  // parameters straight into the decoders' standbys.
+  const bool on_device = GENERATE(false, true);
+  INFO("on devices: " << on_device);
+  const std::string text = "[run]\nseed = 5\nplacement = \"disaggregated\"\n[model]\ninit = \"random\"\n" +
+                           std::string(on_device ? "[trainer]\ndevice = \"host\"\n" : "") +
+                           "[rollout]\nengines = 3\nweight_sync = \"broadcast\"\n" +
+                           (on_device ? "device = \"host\"\n" : "");
   const auto config = config::parse_rl_config(text).value();
   auto s = troupe::test::rl_session();
   auto trainers = processes(s->cluster(), "ranks", 1).spawn<trainer::TrainerRank>({}, text).value();
@@ -126,7 +135,7 @@ TEST_CASE("weight sync by broadcast: trainer rank 0's weights reach every engine
   auto report = [&](size_t e) { return engines.member(e).ask(rollout::GetEngineReport{}).get().value(); };
 
   // Version 1 to every engine by broadcast.
-  broadcast_to_all(trainers, engines, id, 1);
+  broadcast_to_all(trainers, engines, id, 1, on_device);
   const uint64_t v1 = trainer_sum();
 
   // Version 2: engine 2 never takes part, and its process is killed.

@@ -50,6 +50,11 @@ class CudaDeviceModel final : public DeviceModel {
   Status download_params(float* host) override { return gpt_.download_params(host); }
   Status zero_grad() override { return gpt_.zero_grad(); }
   Status accumulate_grads(const float* dlosses) override { return gpt_.backward(dlosses); }
+  Result<float*> device_params() override {
+    // A collective reads them on a stream of its own (NCCL's).
+    if (Status s = gpt_.synchronize(); !s.ok()) return error(s);
+    return gpt_.device_params();
+  }
   Result<float*> device_grads() override {
     // The collective runs on a stream of its own (NCCL's): the backward
     // enqueued on the model's must be done first.
@@ -93,6 +98,25 @@ class CudaDecoder final : public Decoder {
     have_weights_ = true;
     return {};
   }
+  Result<float*> standby_weights() override {
+    auto p = gpt_.standby_params();
+    if (p) standby_asked_ = true;
+    return p;
+  }
+  Status take_standby() override {
+    if (!standby_asked_) {
+      return Status(ErrorCode::invalid_argument,
+                    "cuda decoder: take_standby with no standby; fill standby_weights() "
+                    "first");
+    }
+    if (Status s = gpt_.swap_standby(); !s.ok()) return s;
+    have_weights_ = true;
+    return {};
+  }
+  Status read_weights(float* host) override {
+    if (!have_weights_) return Status(ErrorCode::invalid_argument, "cuda decoder: no weights; call set_weights first");
+    return gpt_.download_params(host);
+  }
   Status append(std::span<const DecodeRow> rows, float* logits) override {
     if (!have_weights_) {
       return Status(ErrorCode::invalid_argument, "cuda decoder: no weights; call set_weights(model) first");
@@ -123,6 +147,7 @@ class CudaDecoder final : public Decoder {
   std::vector<uint32_t> slot_ids_, position_ids_;
   std::vector<int32_t> tokens_;
   bool have_weights_ = false;
+  bool standby_asked_ = false;
 };
 
 // A GptCuda on the device `options` name, and the device's name.

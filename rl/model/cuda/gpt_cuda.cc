@@ -144,6 +144,7 @@ struct GptCuda::Impl {
   size_t pinned_bytes = 0;
 
   DeviceArray<float> params, grads;        // (P) each, the layout
+  DeviceArray<float> standby;              // (P) the next parameters (standby_params), once asked for
   DeviceArray<__nv_bfloat16> params_bf16;  // (P), bf16_matmuls only: the forward's rounding
   DeviceArray<float> reduce;               // column reductions' scratch, for up to 4C columns
   DeviceArray<float> moment1, moment2;     // (P) AdamW's m and v, from the first step
@@ -931,6 +932,28 @@ float* GptCuda::device_params() {
   return impl_->params.get();
 }
 float* GptCuda::device_grads() { return impl_->grads.get(); }
+
+Result<float*> GptCuda::standby_params() {
+  Impl& m = *impl_;
+  if (Status s = check(cudaSetDevice(m.options.device), "cudaSetDevice"); !s.ok()) return error(s);
+  if (m.standby.get() == nullptr) {
+    if (Status s = m.standby.allocate(m.total(), "the standby parameters", ErrorCode::start_failed); !s.ok()) {
+      return error(s);
+    }
+  }
+  // Its writer runs on another stream: the steps enqueued here that read
+  // it (before a swap made it the standby) must be done.
+  if (Status s = synchronize(); !s.ok()) return error(s);
+  return m.standby.get();
+}
+
+Status GptCuda::swap_standby() {
+  Impl& m = *impl_;
+  if (m.standby.get() == nullptr) return invalid("swap_standby: no standby; call standby_params() and fill it first");
+  std::swap(m.params, m.standby);
+  m.bf16_current = false;
+  return {};
+}
 
 Status GptCuda::synchronize() {
   GPT_CUDA_TRY(check(cudaSetDevice(impl_->options.device), "cudaSetDevice"));

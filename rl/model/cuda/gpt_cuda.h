@@ -162,6 +162,17 @@ class GptCuda {
   float* device_params();
   /// nullptr for an inference-only model (GptCudaOptions::gradients).
   float* device_grads();
+  /// A second parameter buffer (layout().total() floats), allocated on the
+  /// first call, for the next weights: another stream (NCCL's broadcast)
+  /// or a device copy writes it while this model keeps running with its
+  /// own; swap_standby() then runs it. The model's enqueued work has
+  /// finished when this returns. Errors: allocating it, a fault in that
+  /// work.
+  Result<float*> standby_params();
+  /// Runs the standby's parameters from now on (bf16 products round them
+  /// anew); the old ones become the standby. The standby's writer must be
+  /// done. Errors: no standby_params() before it.
+  Status swap_standby();
   /// Waits for all enqueued work; reports a fault that happened in it.
   Status synchronize();
 
