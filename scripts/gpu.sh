@@ -14,7 +14,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 here=$PWD
 progs=(build/test/troupe_gpu_tests build/bench/troupe_bench_model_gpu build/bench/troupe_bench_generate_gpu
-       build/bench/troupe_bench_rl_job build/tools/troupe)
+       build/bench/troupe_bench_weight_sync_gpu build/bench/troupe_bench_rl_job build/tools/troupe)
 
 case "${1:-}" in
   bundle)
@@ -64,6 +64,7 @@ case "${1:-}" in
     set +e
     timeout 120 .gpu/run troupe_bench_model_gpu 2>&1 | tee "$out/bench_model_gpu.jsonl"
     timeout 120 .gpu/run troupe_bench_generate_gpu 2>&1 | tee "$out/bench_generate_gpu.jsonl"
+    timeout 60 .gpu/run troupe_bench_weight_sync_gpu 2>&1 | tee "$out/bench_weight_sync_gpu.jsonl"
     [[ -x .gpu/bin/troupe_bench_nccl ]] && timeout 90 .gpu/run troupe_bench_nccl 2>&1 | tee "$out/bench_nccl.jsonl"
     timeout 330 .gpu/run troupe_bench_rl_job --only gpu 2>&1 | tee "$out/bench_rl_gpu.jsonl"
     ;;

@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "../common/report.h"
+#include "gpu_bench.h"
 #include "model/device_model.h"
 #include "model/generate.h"
 #include "model/threads.h"
@@ -41,12 +42,9 @@ using troupe::Status;
 
 namespace {
 
-constexpr const char* kBench = "rl.model_gpu_generate";
+int fail(const std::string& why) { return troupe::bench::fail("generate_gpu_bench", why); }
 
-int fail(const std::string& why) {
-  std::fprintf(stderr, "generate_gpu_bench: %s\n", why.c_str());
-  return 1;
-}
+constexpr const char* kBench = "rl.model_gpu_generate";
 
 /// Device-to-device copy bandwidth in bytes/s (each byte read and written
 /// counts once, as a decode reads its weights once): best of 5 copies of
@@ -110,12 +108,7 @@ double tokens_per_s(Decoder& decoder, const std::vector<std::vector<int32_t>>& p
 
 int main(int argc, char** argv) {
   const bool quick = troupe::bench::quick(argc, argv);
-  int devices = 0;
-  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
-    (void)cudaGetLastError();
-    emit(kBench, "skipped_no_gpu", 0, "", "", 0, "report");
-    return 0;
-  }
+  if (troupe::bench::skipped_without_gpu(kBench, "generate_gpu_bench")) return 0;
   const double bandwidth = copy_bandwidth();
   if (bandwidth <= 0) return fail("cannot allocate 512 MiB for the bandwidth floor");
   emit(kBench, "device_copy_bandwidth", bandwidth / 1e9, "GB/s", "", 0, "report");

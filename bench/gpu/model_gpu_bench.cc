@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "../common/report.h"
+#include "gpu_bench.h"
 #include "model/adamw.h"
 #include "model/cuda/gpt_cuda.h"
 #include "model/gpt.h"
@@ -45,12 +46,9 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-constexpr const char* kBench = "rl.model_gpu_train";
+int fail(const std::string& why) { return troupe::bench::fail("model_gpu_bench", why); }
 
-int fail(const std::string& why) {
-  std::fprintf(stderr, "model_gpu_bench: %s\n", why.c_str());
-  return 1;
-}
+constexpr const char* kBench = "rl.model_gpu_train";
 
 /// One precision of the model and the cuBLAS GEMM that is its peak.
 struct Mode {
@@ -160,12 +158,7 @@ struct Shape {
 
 int main(int argc, char** argv) {
   const bool quick = troupe::bench::quick(argc, argv);
-  int devices = 0;
-  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
-    std::fprintf(stderr, "model_gpu_bench: skipped: no GPU\n");
-    emit(kBench, "skipped", 0, "none", "none", 0, "skipped: no GPU");
-    return 0;
-  }
+  if (troupe::bench::skipped_without_gpu(kBench, "model_gpu_bench")) return 0;
 
   // The GEMM peaks first, on an otherwise idle GPU.
   const size_t gemm_n = quick ? 4096 : 8192;

@@ -21,6 +21,7 @@
 
 #include "../common/report.h"
 #include "collectives/nccl_comm.h"
+#include "gpu_bench.h"
 
 using troupe::CollectiveKind;
 using troupe::DType;
@@ -33,13 +34,10 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
+int fail(const std::string& why) { return troupe::bench::fail("nccl_bench", why); }
+
 constexpr const char* kBench = "collectives.allreduce_nccl";
 constexpr auto kDeadline = std::chrono::seconds(60);
-
-int fail(const std::string& why) {
-  std::fprintf(stderr, "nccl_bench: %s\n", why.c_str());
-  return 1;
-}
 
 /// Polls until not pending or the deadline passes (the communicator is
 /// poll-only by design; the deadline keeps a hang from stalling bench/run).
@@ -69,12 +67,7 @@ double memcpy_seconds(void* dst, const void* src, size_t bytes, int iters, cudaS
 
 int main(int argc, char** argv) {
   bool quick = troupe::bench::quick(argc, argv);
-  int devices = 0;
-  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
-    std::fprintf(stderr, "nccl_bench: skipped: no GPU\n");
-    emit(kBench, "skipped", 0, "none", "none", 0, "skipped: no GPU");
-    return 0;
-  }
+  if (troupe::bench::skipped_without_gpu(kBench, "nccl_bench")) return 0;
 
   auto id = troupe::collectives::nccl_unique_id();
   if (!id) return fail(id.error().to_string());

@@ -495,6 +495,15 @@ class Job {
   bool from_device_ = false;
   // A broadcast failed in a way no retry mends: reads from then on.
   bool broadcast_off_ = false;
+  // A device-to-device weight copy failed once (logged once).
+  bool device_copy_noted_ = false;
+  // Keeps `p` as the published weights for later syncs (restarted
+  // engines, fallbacks), without the trainer's device parameters: those
+  // change at its next step, the published buffer only at the next publish.
+  void keep_published(trainer::PublishedWeights p) {
+    p.device = {};
+    published_ = std::move(p);
+  }
   // Whether the ranks are past the warm-up.
   bool rl_phase_ = false;
   // The ranks' optimizer steps in the current phase (each TrainStep says
@@ -999,7 +1008,7 @@ Result<double> Job::broadcast_weights(uint64_t version) {
     for (size_t e = 0; e < E; ++e) missed.push_back(e);
     why = "trainer rank 0 failed: " + b.error().message();
   } else {
-    published_ = b->published;
+    keep_published(b->published);
     from_device_ = b->from_device;
     if (!b->failed.empty() && missed.empty()) return engine_s;  // every engine has it; the root's side failed late
     if (!b->failed.empty()) why = b->failed;
@@ -1030,24 +1039,39 @@ Status Job::republish(uint64_t version, const Status& lost_because) {
         "every rank took a survivor's state; published again", seconds_since(lost));
   auto pub = meshes_.trainers->member(0).ask(trainer::PublishWeights{version}, timeout_).get();
   if (!pub) return Status(pub.error().code(), "publishing weights: " + pub.error().message());
-  published_ = *pub;
+  keep_published(*pub);
   return {};
 }
 
 Result<double> Job::read_weights(uint64_t version) {
   auto pub = meshes_.trainers->member(0).ask(trainer::PublishWeights{version}, timeout_).get();
   if (pub) {
-    published_ = *pub;
+    keep_published(*pub);
   } else if (Status s = republish(version, pub.error()); !s.ok()) {
     return error(s);
   }
+  // The trainer's device parameters go with this sync only: it takes no
+  // step before every engine has answered.
+  const trainer::PublishedWeights now = pub ? *pub : *published_;
   std::vector<Future<rollout::SyncReport>> futures;
   for (size_t e = 0; e < meshes_.engines->size(); ++e) {
-    futures.push_back(meshes_.engines->member(e).ask(rollout::SyncWeights{*published_}, timeout_));
+    futures.push_back(meshes_.engines->member(e).ask(rollout::SyncWeights{now}, timeout_));
   }
   double engine_s = 0;
+  into_device_ = 0;
   for (size_t e = 0; e < futures.size(); ++e) {
     auto r = futures[e].get();
+    if (r) {
+      into_device_ += r->into_device;
+      if (!r->device_copy_failed.empty() && !device_copy_noted_) {
+        device_copy_noted_ = true;
+        log({{"event", "weight_sync_device_copy"},
+             {"step", step_.load()},
+             {"engine", e},
+             {"why", r->device_copy_failed},
+             {"action", "it read the weights; so do the others when it fails"}});
+      }
+    }
     if (!r) {
       // The engine restarts (its failure comes to the inbox) and is synced
       // again once back; the others go on.
@@ -1070,7 +1094,7 @@ Status Job::publish_and_sync(uint64_t version, json& timing) {
   const double bytes = static_cast<double>(published_->floats * sizeof(float));
   timing["sync"] = seconds_since(start);
   timing["sync_gbps"] = *engine_s > 0 ? bytes / *engine_s / 1e9 : 0;
-  timing["synced_into_device"] = broadcast ? into_device_ : 0;
+  timing["synced_into_device"] = into_device_;
   timing["synced_from_device"] = broadcast && from_device_;
   queue_->publish(version);
   return {};
@@ -1089,7 +1113,7 @@ Status Job::ensure_publisher() {
   auto pub = meshes_.trainers->member(0).ask(trainer::PublishWeights{version}, timeout_).get();
   if (!pub) return Status(pub.error().code(), "publishing version " + std::to_string(version) + " again: " +
                                                   pub.error().message());
-  published_ = *pub;
+  keep_published(*pub);
   fault("trainer rank 0 restarted after publishing version " + std::to_string(version),
         "every rank took the job's state; version " + std::to_string(version) + " published again",
         seconds_since(start));

@@ -39,6 +39,12 @@ Status Decoder::take_standby() {
   return Status(ErrorCode::unsupported, "decoder: " + describe() + " has no standby weights; use set_weights");
 }
 
+Status Decoder::copy_into_standby(const SharedParams& from) {
+  return Status(ErrorCode::unsupported, "decoder: " + describe() + " cannot copy parameters from " +
+                                            (from.device.empty() ? "nowhere" : from.device) +
+                                            " into a standby; read them another way");
+}
+
 Status check_decoder_shape(const GptConfig& config, const Gpt<float>& model) {
   // The value head reads nothing from the cache: a policy's decoder serves
   // the same policy with a head.

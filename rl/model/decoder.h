@@ -20,6 +20,7 @@
 
 #include "model/config.h"
 #include "model/gpt.h"
+#include "troupe/codec.h"
 #include "troupe/status.h"
 
 namespace troupe::rl::model {
@@ -28,6 +29,26 @@ namespace troupe::rl::model {
 struct DecodeRow {
   uint32_t slot = 0;
   int32_t token = 0;
+};
+
+/// Where a resident device model's parameters are, for a decoder on the
+/// same device to copy them device to device (DeviceModel::share_params,
+/// Decoder::copy_into_standby): within their process by address, from
+/// another process on the same GPU by CUDA IPC. Valid until the model's
+/// next step or write.
+struct SharedParams {
+  /// The device: "cuda:" and its UUID, or "host" (the host kind: within
+  /// its process only). Empty: nothing shared.
+  std::string device;
+  /// The process that holds them, and their address there.
+  int64_t pid = 0;
+  uint64_t address = 0;
+  /// A cudaIpcMemHandle_t's bytes for the allocation that starts at
+  /// `address` (CUDA only), for other processes.
+  std::string ipc_handle;
+  /// Floats there (the layout's total()).
+  uint64_t floats = 0;
+  TROUPE_FIELDS(device, pid, address, ipc_handle, floats);
 };
 
 /// Keys and values of every layer for `slots()` sequences of up to the
@@ -81,6 +102,14 @@ class Decoder {
   /// values are kept, as with set_weights. Errors: no standby_weights()
   /// before it, unsupported.
   virtual Status take_standby();
+  /// Copies `from` (a device model's parameters on this decoder's device:
+  /// DeviceModel::share_params) into the standby, device to device; then
+  /// take_standby() runs them. Errors: unsupported when `from` is on
+  /// another device or out of reach (the host kind reaches its own
+  /// process only; the CPU cache has no standby): read the weights another
+  /// way; invalid_argument for another model's size; a device failure
+  /// (the IPC handle refused).
+  virtual Status copy_into_standby(const SharedParams& from);
   /// Copies the policy's parameters it runs (as the standby's: a value
   /// head's are not among them) to `host`. Errors: no weights set, a
   /// device failure.

@@ -118,6 +118,10 @@ class DeviceModel {
   /// returns, and no more is enqueued until the next call on this model.
   /// Errors: a fault in that work.
   virtual Result<float*> device_params() = 0;
+  /// Where the parameters are for a decoder on the same device (see
+  /// SharedParams); the enqueued work has finished when this returns.
+  /// Errors: a fault in that work, the IPC handle refused.
+  virtual Result<SharedParams> share_params() = 0;
   /// The device's gradients (total() floats in its memory: a CUDA pointer
   /// on a GPU), for a collective to reduce in place; all the work enqueued
   /// before has finished when this returns, and no more is enqueued until

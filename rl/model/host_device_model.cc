@@ -12,6 +12,8 @@
 #include <string>
 #include <utility>
 
+#include <unistd.h>
+
 #include "model/adamw.h"
 #include "model/device_model.h"
 #include "model/gpt.h"
@@ -59,6 +61,10 @@ class HostDeviceModel final : public DeviceModel {
     return {};
   }
   Result<float*> device_params() override { return gpt_.params(); }
+  Result<SharedParams> share_params() override {
+    return SharedParams{"host", static_cast<int64_t>(::getpid()), reinterpret_cast<uint64_t>(gpt_.params()), "",
+                        total()};
+  }
   Result<float*> device_grads() override { return gpt_.grads(); }
   Result<double> adamw_step(const AdamWConfig& config) override {
     if (!adamw_ || !(adamw_config_ == config)) {
@@ -144,6 +150,22 @@ class HostDecoder final : public Decoder {
     std::swap(active_, standby_);
     (void)cache_.set_weights(*active_);
     have_weights_ = true;
+    return {};
+  }
+  Status copy_into_standby(const SharedParams& from) override {
+    if (from.device != "host" || from.pid != static_cast<int64_t>(::getpid())) {
+      return Status(ErrorCode::unsupported, "host decoder: parameters on " +
+                                                (from.device.empty() ? std::string("no device") : from.device) +
+                                                " in process " + std::to_string(from.pid) +
+                                                " are out of reach (the host kind copies within its own process "
+                                                "only); read them another way");
+    }
+    if (from.floats != total()) {
+      return Status(ErrorCode::invalid_argument, "host decoder: " + std::to_string(from.floats) +
+                                                     " parameters shared, this model has " + std::to_string(total()));
+    }
+    std::memcpy(standby_->params(), reinterpret_cast<const float*>(from.address), total() * sizeof(float));
+    standby_asked_ = true;
     return {};
   }
   Status read_weights(float* host) override {

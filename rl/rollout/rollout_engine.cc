@@ -28,6 +28,7 @@ struct RolloutEngine::SyncState {
   uint64_t total_bytes = 0, next_offset = 0;
   size_t in_flight = 0;
   Status failed;
+  std::string device_copy_failed;
 };
 
 RolloutEngine::RolloutEngine(std::string config_toml)
@@ -213,8 +214,25 @@ Deferred<SyncReport> RolloutEngine::handle(const SyncWeights& m) {
     reply.fail(Status(ErrorCode::already_exists, "rollout engine: a weight sync is already in progress; wait for it"));
     return reply;
   }
+  std::string device_copy_failed;
+  if (!m.weights.device.device.empty()) {
+    // The trainer's device parameters, on this decoder's device: copied
+    // device to device into its standby. Anything else reads the buffer.
+    const auto start = Clock::now();
+    Status s = decoder_->copy_into_standby(m.weights.device);
+    if (s.ok()) {
+      const uint32_t interrupted = static_cast<uint32_t>(live_.size());
+      s = switch_weights(m.weights.version, /*in_decoder=*/true);
+      if (s.ok()) {
+        reply.complete(SyncReport{m.weights.version, n * sizeof(float), seconds_since(start), interrupted, true, {}});
+        return reply;
+      }
+    }
+    if (s.code() != ErrorCode::unsupported) device_copy_failed = s.message();
+  }
   syncing_ = true;
   auto st = std::make_shared<SyncState>();
+  st->device_copy_failed = std::move(device_copy_failed);
   st->weights = m.weights;
   st->reply = reply;
   st->start = Clock::now();
@@ -266,7 +284,7 @@ Deferred<SyncReport> RolloutEngine::handle(const ReceiveWeights& m) {
         if (Status s = switch_weights(version, direct); !s.ok()) {
           return reply.fail(Status(s.code(), what + " failed: " + s.message()));
         }
-        reply.complete(SyncReport{version, n * sizeof(float), seconds_since(start), interrupted, direct});
+        reply.complete(SyncReport{version, n * sizeof(float), seconds_since(start), interrupted, direct, {}});
       });
   return reply;
 }
@@ -299,7 +317,8 @@ void RolloutEngine::pump(const std::shared_ptr<SyncState>& st) {
         return st->reply.fail(Status(s.code(), "rollout engine: weight sync to version " +
                                                    std::to_string(st->weights.version) + " failed: " + s.message()));
       }
-      st->reply.complete(SyncReport{st->weights.version, st->total_bytes, seconds_since(st->start), interrupted});
+      st->reply.complete(SyncReport{st->weights.version, st->total_bytes, seconds_since(st->start), interrupted, false,
+                                    st->device_copy_failed});
     });
   }
 }

@@ -12,6 +12,10 @@
 // (trainer_rank.h): the engine reads them with one-sided reads, in buckets,
 // several in flight, into a second copy of the model while it keeps
 // decoding with the first; once all is in, it switches between two steps.
+// A trainer resident on this engine's device sends where its parameters are
+// there too: the engine then copies them device to device into its
+// decoder's standby (the trainer's process, or another by CUDA IPC) and
+// switches the same way.
 // Sequences in flight then go on with the new weights (their cached keys
 // and values are recomputed: a partial rollout); each sample records the
 // first and last version that produced its tokens.
@@ -83,7 +87,10 @@ struct GroupSamples {
   TROUPE_FIELDS(id, samples);
 };
 
-/// Takes new weights from a trainer's published buffer.
+/// Takes new weights from a trainer's published buffer, or, where they
+/// come with the trainer's device parameters on this engine's device
+/// (PublishedWeights::device), by a device-to-device copy into the
+/// decoder's standby (CUDA IPC from another process on the same GPU).
 struct SyncWeights {
   trainer::PublishedWeights weights;
   TROUPE_MESSAGE_NAMED(SyncWeights, "troupe.rl.SyncWeights", weights);
@@ -115,7 +122,11 @@ struct SyncReport {
   /// The weights went straight into the decoder's standby
   /// (config::device_weight_broadcast: NCCL between GPUs), no host copy.
   bool into_device = false;
-  TROUPE_FIELDS(version, bytes, seconds, interrupted, into_device);
+  /// Why a copy from the trainer's device parameters (PublishedWeights::
+  /// device, on this engine's device) failed, so that the sync read the
+  /// buffer instead; empty when it did not fail.
+  std::string device_copy_failed;
+  TROUPE_FIELDS(version, bytes, seconds, interrupted, into_device, device_copy_failed);
 };
 
 /// The engine's counters.

@@ -56,6 +56,11 @@ Result<float*> PolicyTrainer::device_params() {
   return device_->device_params();
 }
 
+Result<model::SharedParams> PolicyTrainer::share_params() {
+  if (auto p = device_params(); !p) return error(p.error());
+  return device_->share_params();
+}
+
 Status PolicyTrainer::push() {
   if (Status s = push_params(); !s.ok()) return s;
   if (device_optimizer_behind_) {

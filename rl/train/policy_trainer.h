@@ -95,6 +95,9 @@ class PolicyTrainer {
   /// until the next step or write. Errors: not resident
   /// (invalid_argument), the device's.
   Result<float*> device_params();
+  /// Resident: where those parameters are, for a decoder on the same
+  /// device (model::SharedParams). Errors as device_params's.
+  Result<model::SharedParams> share_params();
 
   /// One optimizer step on the mean next-token loss of the batch's
   /// completion tokens. Errors: a batch the model refuses (its message).

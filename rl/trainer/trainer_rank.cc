@@ -334,7 +334,14 @@ PublishedWeights TrainerRank::handle(const PublishWeights& m) {
   if (Status s = trainer_->copy_params(static_cast<float*>(published_.data()), n); !s.ok()) {
     fail("trainer: cannot copy the weights to publish: " + s.message());
   }
-  return {published_.handle(), m.version, n, static_cast<int64_t>(::getpid())};
+  PublishedWeights out{published_.handle(), m.version, n, static_cast<int64_t>(::getpid()), {}};
+  if (trainer_->resident()) {
+    // An engine on the same device copies from there (the same floats: a
+    // device model has no value head). Not shared: it reads the buffer.
+    auto shared = trainer_->share_params();
+    if (shared && shared->floats == n) out.device = std::move(*shared);
+  }
+  return out;
 }
 
 void TrainerRank::handle(const JoinWeightSyncGroup& m) { sync_group_ = m.group; }

@@ -138,7 +138,13 @@ struct PublishedWeights {
   /// The publishing rank's process: a buffer whose publisher restarted is
   /// gone, and must be published again.
   int64_t publisher_pid = 0;
-  TROUPE_FIELDS(buffer, version, floats, publisher_pid);
+  /// A rank resident on a device: where the same parameters are there, for
+  /// an engine on that device to copy device to device (its process, or
+  /// another by CUDA IPC) instead of reading the buffer. Only until the
+  /// rank's next step: the driver sends it with the sync that follows the
+  /// publish and clears it from the copy it keeps for later syncs.
+  model::SharedParams device;
+  TROUPE_FIELDS(buffer, version, floats, publisher_pid, device);
 };
 
 /// Copies the parameters into the rank's published buffer as `version`.

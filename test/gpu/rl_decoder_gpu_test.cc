@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
@@ -112,6 +113,41 @@ TEST_CASE(
         },
         mode.tol, /*batch_invariant=*/false);
   }
+}
+
+TEST_CASE(
+    "gpu decoder: a CUDA device model's shared parameters go device to device into its standby, and those of "
+    "another device are refused",
+    "[gpu][rl]") {
+  const GptConfig config = small(true);
+  auto trainer = make_device_model(config, {.kind = DeviceKind::cuda, .device = 0});
+  INFO((trainer ? std::string("ok") : trainer.error().to_string()));
+  REQUIRE(trainer.has_value());
+  auto weights = Gpt<float>::make(config).value();
+  weights.init_random(9);
+  REQUIRE((*trainer)->upload_params(weights.params()).ok());
+  auto shared = (*trainer)->share_params();
+  INFO((shared ? std::string("ok") : shared.error().to_string()));
+  REQUIRE(shared.has_value());
+  CHECK_THAT(shared->device, Catch::StartsWith("cuda:"));
+  CHECK(shared->ipc_handle.size() == 64);  // cudaIpcMemHandle_t, for other processes
+
+  auto gpu = make_gpu_decoder(config, 2, MatmulPrecision::fp32);
+  REQUIRE(gpu->set_weights(Gpt<float>::make(config).value()).ok());
+  troupe::Status s = gpu->copy_into_standby(*shared);  // this process: by address
+  INFO(s.to_string());
+  REQUIRE(s.ok());
+  REQUIRE(gpu->take_standby().ok());
+  auto cpu = KvCache::make(config, 2).value();
+  REQUIRE(cpu.set_weights(weights).ok());
+  step(*gpu, cpu, {{0, 256}, {0, 4}, {1, 256}}, 1e-4, "after the copy");
+  std::vector<float> back(weights.layout().total());
+  REQUIRE(gpu->read_weights(back.data()).ok());
+  CHECK(std::memcmp(back.data(), weights.params(), back.size() * sizeof(float)) == 0);
+
+  auto elsewhere = *shared;
+  elsewhere.device = "cuda:not-this-one";
+  CHECK(gpu->copy_into_standby(elsewhere).code() == troupe::ErrorCode::unsupported);
 }
 
 TEST_CASE("gpu decoder: greedy generation gives the CPU's tokens and log-probabilities (fp32)", "[gpu][rl]") {

@@ -214,7 +214,14 @@ void check_gpu_example_learns(const Edits& edits, const std::vector<std::string>
 
 TEST_CASE("gpu job: the main example with its trainer rank and rollout engine on the GPU learns arithmetic",
           "[gpu][rl][job]") {
-  check_gpu_example_learns({}, {"trainer rank 0 on cuda:", "rollout engine 0 on cuda:"});
+  check_gpu_example_learns({}, {"trainer rank 0 on cuda:", "rollout engine 0 on cuda:"}, [](const fs::path& m) {
+    // Colocated on one GPU: every sync copies the trainer's parameters
+    // into the decoder's standby on the device.
+    auto steps = events_of(m, "step");
+    REQUIRE(steps.size() == 300);
+    for (const auto& st : steps) CHECK(st["synced_into_device"] == 1);
+    CHECK(events_of(m, "weight_sync_device_copy").empty());
+  });
 }
 
 TEST_CASE(
@@ -240,10 +247,15 @@ TEST_CASE(
       }
       CHECK(faults.empty());
     } else {
-      // Refused once, with NCCL's reason; reads from then on.
+      // Refused once, with NCCL's reason; from then on the engine copies
+      // the trainer's parameters on their shared GPU by CUDA IPC.
       REQUIRE(faults.size() == 1);
       CHECK_THAT(faults[0].dump(), Catch::Contains("NCCL") && Catch::Contains("read the weights from now on"));
-      for (const auto& st : steps) CHECK(st["synced_into_device"] == 0);
+      for (const auto& st : steps) {
+        CHECK(st["synced_into_device"] == 1);
+        CHECK(st["synced_from_device"] == false);
+      }
+      CHECK(events_of(m, "weight_sync_device_copy").empty());
     }
   });
 }

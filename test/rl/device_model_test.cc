@@ -316,6 +316,45 @@ TEST_CASE(
   CHECK(cache.take_standby().code() == ErrorCode::unsupported);
 }
 
+TEST_CASE(
+    "device decoder: the host kind copies a device model's shared parameters of its own process into its "
+    "standby, and refuses those out of its reach",
+    "[rl][generate]") {
+  const model::GptConfig config{.vocab_size = 259, .context_length = 32, .layers = 2, .heads = 4, .channels = 64};
+  auto trainer = model::make_device_model(config, {.kind = model::DeviceKind::host}).value();
+  auto weights = model::Gpt<float>::make(config).value();
+  weights.init_random(7);
+  REQUIRE(trainer->upload_params(weights.params()).ok());
+  auto shared = trainer->share_params();
+  REQUIRE(shared.has_value());
+  CHECK(shared->device == "host");
+  CHECK(shared->floats == weights.layout().total());
+
+  auto d = model::make_device_decoder(config, 2, {.kind = model::DeviceKind::host}).value();
+  REQUIRE(d->set_weights(model::Gpt<float>::make(config).value()).ok());  // zeros
+  REQUIRE(d->copy_into_standby(*shared).ok());
+  REQUIRE(d->take_standby().ok());
+  auto cpu = model::KvCache::make(config, 2).value();
+  REQUIRE(cpu.set_weights(weights).ok());
+  troupe::test::check_same_step(*d, cpu, {{0, 256}, {0, 4}, {1, 256}}, /*tol=*/0, "after the copy");
+
+  // Another process's, another device's, another model's: refused, the
+  // standby untouched.
+  auto elsewhere = *shared;
+  elsewhere.pid += 1;
+  Status s = d->copy_into_standby(elsewhere);
+  CHECK(s.code() == ErrorCode::unsupported);
+  CHECK_THAT(s.message(), Catch::Contains("out of reach"));
+  auto gpu = *shared;
+  gpu.device = "cuda:0123";
+  CHECK(d->copy_into_standby(gpu).code() == ErrorCode::unsupported);
+  auto bigger = *shared;
+  bigger.floats += 1;
+  CHECK(d->copy_into_standby(bigger).code() == ErrorCode::invalid_argument);
+  // The CPU cache takes nothing that way.
+  CHECK(cpu.copy_into_standby(*shared).code() == ErrorCode::unsupported);
+}
+
 TEST_CASE("rl config: trainer.device and trainer.precision are checked against what the device runs", "[rl][config]") {
   auto refusal = [](const std::string& toml) {
     auto c = config::parse_rl_config(toml, "test.toml");

@@ -587,6 +587,51 @@ TEST_CASE(
   }
 }
 
+TEST_CASE(
+    "rl job: with trainer and engines on a device kind a sync copies the trainer's device parameters into "
+    "each engine's decoder standby where they share a process, reads the published buffer where not, and takes "
+    "the CPU job's steps bit for bit",
+    "[rl][job][weight_sync]") {
+  TempDir on_cpu, colocated, apart;
+  auto s = session();
+  controller::JobOptions quiet = quiet_options({});
+  const std::string two = "[trainer]\nranks = 2\n[rollout]\nengines = 2\n";
+  const std::string two_on_host =
+      "[trainer]\nranks = 2\ndevice = \"host\"\n[rollout]\nengines = 2\ndevice = \"host\"\n";
+  auto cpu = quiet;
+  cpu.run_dir = on_cpu.path.string();
+  REQUIRE(controller::run_rl_job(s->runtime(), s->cluster(), small_job("", 4, two), cpu));
+  // Colocated, engine r shares trainer rank r's process: engine 0 copies
+  // from rank 0's device model (the publisher) in its process, engine 1
+  // reads. Disaggregated, both read.
+  for (const bool together : {true, false}) {
+    INFO("colocated: " << together);
+    auto dev = quiet;
+    dev.run_dir = (together ? colocated : apart).path.string();
+    size_t checked = 0;
+    dev.after_step = [&](size_t, const controller::JobProbe& probe) {
+      auto trainers = probe.trainer_checksums();
+      for (uint64_t e : probe.engine_checksums()) CHECK(e == trainers.at(0));
+      ++checked;
+    };
+    auto ran = controller::run_rl_job(
+        s->runtime(), s->cluster(), small_job(together ? "" : "placement = \"disaggregated\"\n", 4, two_on_host), dev);
+    INFO((ran ? std::string() : ran.error().message()));
+    REQUIRE(ran);
+    CHECK(checked == 4);
+    const auto metrics = (together ? colocated : apart).path / "metrics.jsonl";
+    CHECK(events(metrics, "fault").empty());
+    // The host kind reaches its own process only, and says nothing when
+    // it cannot (that is no failure).
+    CHECK(events(metrics, "weight_sync_device_copy").empty());
+    auto a = events(on_cpu.path / "metrics.jsonl", "step");
+    auto b = events(metrics, "step");
+    REQUIRE(b.size() == 4);
+    check_same_steps(a, b, 0, 4);
+    for (const auto& step : b) CHECK(step["synced_into_device"] == (together ? 1 : 0));
+  }
+}
+
 TEST_CASE("rl job: several updates a step (epochs x mini-batches) take that many optimizer steps, and the later "
           "ones are clipped against the sampling policy",
           "[rl][job]") {

@@ -36,6 +36,7 @@ class CountingDevice final : public rl::model::DeviceModel {
   troupe::Status zero_grad() override { return inner_->zero_grad(); }
   troupe::Status accumulate_grads(const float* dlosses) override { return inner_->accumulate_grads(dlosses); }
   troupe::Result<float*> device_params() override { return inner_->device_params(); }
+  troupe::Result<rl::model::SharedParams> share_params() override { return inner_->share_params(); }
   troupe::Result<float*> device_grads() override { return inner_->device_grads(); }
   troupe::Result<double> adamw_step(const rl::model::AdamWConfig& config) override {
     ++device_steps;

@@ -2,7 +2,10 @@
 // a GptCuda, with the host copies each step needs.
 #include <cuda_runtime_api.h>
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <cstring>
 #include <string>
 #include <utility>
 #include <vector>
@@ -28,8 +31,8 @@ MatmulPrecision precision_of(const GptCudaOptions& o) {
 
 class CudaDeviceModel final : public DeviceModel {
  public:
-  CudaDeviceModel(GptCuda gpt, std::string name, int devices)
-      : gpt_(std::move(gpt)), name_(std::move(name)), devices_(devices) {}
+  CudaDeviceModel(GptCuda gpt, std::string name, std::string id, int devices)
+      : gpt_(std::move(gpt)), name_(std::move(name)), id_(std::move(id)), devices_(devices) {}
 
   std::string describe() const override {
     return "cuda:" + std::to_string(gpt_.options().device) + " " + name_ + ", " +
@@ -55,6 +58,21 @@ class CudaDeviceModel final : public DeviceModel {
     if (Status s = gpt_.synchronize(); !s.ok()) return error(s);
     return gpt_.device_params();
   }
+  Result<SharedParams> share_params() override {
+    auto p = device_params();
+    if (!p) return error(p.error());
+    SharedParams out{id_, static_cast<int64_t>(::getpid()), reinterpret_cast<uint64_t>(*p), "", gpt_.layout().total()};
+    // The parameters are an allocation of their own: the handle's offset
+    // is 0. Without one (a platform without IPC) only this process reaches
+    // them.
+    cudaIpcMemHandle_t handle;
+    if (cudaIpcGetMemHandle(&handle, *p) == cudaSuccess) {
+      out.ipc_handle.assign(reinterpret_cast<const char*>(&handle), sizeof handle);
+    } else {
+      (void)cudaGetLastError();
+    }
+    return out;
+  }
   Result<float*> device_grads() override {
     // The collective runs on a stream of its own (NCCL's): the backward
     // enqueued on the model's must be done first.
@@ -70,7 +88,7 @@ class CudaDeviceModel final : public DeviceModel {
 
  private:
   GptCuda gpt_;
-  std::string name_;
+  std::string name_, id_;
   int devices_;
 };
 
@@ -78,8 +96,11 @@ class CudaDeviceModel final : public DeviceModel {
 // (assign_positions), the device the keys, values and weights.
 class CudaDecoder final : public Decoder {
  public:
-  CudaDecoder(GptCuda gpt, std::string name, size_t slots)
-      : gpt_(std::move(gpt)), name_(std::move(name)), lengths_(slots, 0) {}
+  CudaDecoder(GptCuda gpt, std::string name, std::string id, size_t slots)
+      : gpt_(std::move(gpt)), name_(std::move(name)), id_(std::move(id)), lengths_(slots, 0) {}
+  ~CudaDecoder() override { close_peer(); }
+  CudaDecoder(const CudaDecoder&) = delete;
+  CudaDecoder& operator=(const CudaDecoder&) = delete;
 
   std::string describe() const override {
     return "cuda:" + std::to_string(gpt_.options().device) + " " + name_ + ", " +
@@ -113,6 +134,52 @@ class CudaDecoder final : public Decoder {
     have_weights_ = true;
     return {};
   }
+  Status copy_into_standby(const SharedParams& from) override {
+    const size_t total = gpt_.layout().total();
+    if (id_.empty() || from.device != id_) {
+      return Status(ErrorCode::unsupported,
+                    "cuda decoder: parameters on " + (from.device.empty() ? std::string("no device") : from.device) +
+                        ", this decoder is on " + (id_.empty() ? "an unnamed GPU" : id_) + "; read them another way");
+    }
+    if (from.floats != total) {
+      return Status(ErrorCode::invalid_argument, "cuda decoder: " + std::to_string(from.floats) +
+                                                     " parameters shared, this model has " + std::to_string(total));
+    }
+    auto standby = standby_weights();
+    if (!standby) return standby.error();
+    const void* src = reinterpret_cast<const void*>(from.address);
+    if (from.pid != static_cast<int64_t>(::getpid())) {
+      if (from.ipc_handle.size() != sizeof(cudaIpcMemHandle_t)) {
+        return Status(ErrorCode::unsupported,
+                      "cuda decoder: the parameters of process " + std::to_string(from.pid) +
+                          " came without a CUDA IPC handle (its platform gave none); read them another way");
+      }
+      if (from.ipc_handle != peer_handle_) {
+        close_peer();
+        cudaIpcMemHandle_t handle;
+        std::memcpy(&handle, from.ipc_handle.data(), sizeof handle);
+        void* mapped = nullptr;
+        if (cudaError_t e = cudaIpcOpenMemHandle(&mapped, handle, cudaIpcMemLazyEnablePeerAccess); e != cudaSuccess) {
+          (void)cudaGetLastError();
+          return Status(ErrorCode::unsupported,
+                        "cuda decoder: opening the CUDA IPC handle of process " + std::to_string(from.pid) +
+                            "'s parameters failed: " + cudaGetErrorString(e) + "; read them another way");
+        }
+        peer_handle_ = from.ipc_handle;
+        peer_ = mapped;
+      }
+      src = peer_;
+    }
+    // Synchronous: done (and the source free to change) when it returns.
+    if (cudaError_t e = cudaMemcpy(*standby, src, total * sizeof(float), cudaMemcpyDeviceToDevice); e != cudaSuccess) {
+      (void)cudaGetLastError();
+      close_peer();  // a handle of a process gone, perhaps: open it anew next time
+      return Status(ErrorCode::handler_failed,
+                    std::string("cuda decoder: copying the parameters into the standby failed: ") +
+                        cudaGetErrorString(e) + "; read them another way");
+    }
+    return {};
+  }
   Status read_weights(float* host) override {
     if (!have_weights_) return Status(ErrorCode::invalid_argument, "cuda decoder: no weights; call set_weights first");
     return gpt_.download_params(host);
@@ -142,18 +209,47 @@ class CudaDecoder final : public Decoder {
 
  private:
   GptCuda gpt_;
-  std::string name_;
+  std::string name_, id_;
   std::vector<size_t> lengths_, positions_;
   std::vector<uint32_t> slot_ids_, position_ids_;
   std::vector<int32_t> tokens_;
   bool have_weights_ = false;
   bool standby_asked_ = false;
+  // Another process's parameters, mapped by CUDA IPC (kept open while they
+  // come from the same allocation).
+  std::string peer_handle_;
+  void* peer_ = nullptr;
+
+  void close_peer() {
+    if (peer_ != nullptr) {
+      (void)cudaSetDevice(gpt_.options().device);
+      if (cudaIpcCloseMemHandle(peer_) != cudaSuccess) (void)cudaGetLastError();
+    }
+    peer_ = nullptr;
+    peer_handle_.clear();
+  }
 };
 
-// A GptCuda on the device `options` name, and the device's name.
-Result<std::pair<GptCuda, std::string>> make_gpt(const GptConfig& config, const DeviceModelOptions& options,
-                                                 bool gradients, const char* what, const char* cpu_instead,
-                                                 int* devices) {
+// A GptCuda on the device `options` name, the device's name, and its
+// identity ("cuda:" and its UUID; empty where the driver does not say).
+struct Made {
+  GptCuda gpt;
+  std::string name, id;
+};
+
+std::string uuid_hex(const cudaUUID_t& uuid) {
+  static const char* digits = "0123456789abcdef";
+  std::string out;
+  for (char c : uuid.bytes) {
+    const auto b = static_cast<unsigned char>(c);
+    out += digits[b >> 4];
+    out += digits[b & 15];
+  }
+  return out;
+}
+
+Result<Made> make_gpt(const GptConfig& config, const DeviceModelOptions& options, bool gradients, const char* what,
+                      const char* cpu_instead, int* devices) {
   auto count = GptCuda::device_count();
   if (!count) {
     return error(ErrorCode::unsupported,
@@ -167,13 +263,14 @@ Result<std::pair<GptCuda, std::string>> make_gpt(const GptConfig& config, const 
                                     .gradients = gradients});
   if (!gpt) return error(gpt.error());
   cudaDeviceProp prop{};
-  std::string name = "(unnamed device)";
+  Made made{std::move(*gpt), "(unnamed device)", ""};
   if (cudaGetDeviceProperties(&prop, device) == cudaSuccess) {
-    name = prop.name;
+    made.name = prop.name;
+    made.id = "cuda:" + uuid_hex(prop.uuid);
   } else {
     (void)cudaGetLastError();  // only the name was lost: not an error for the next launch to report as its own
   }
-  return std::pair<GptCuda, std::string>(std::move(*gpt), std::move(name));
+  return made;
 }
 
 Result<std::unique_ptr<DeviceModel>> make(const GptConfig& config, const DeviceModelOptions& options) {
@@ -181,7 +278,8 @@ Result<std::unique_ptr<DeviceModel>> make(const GptConfig& config, const DeviceM
   auto made = make_gpt(config, options, /*gradients=*/true, "device model",
                        "train on the CPU (trainer.device = \"cpu\")", &devices);
   if (!made) return error(made.error());
-  return std::unique_ptr<DeviceModel>(new CudaDeviceModel(std::move(made->first), std::move(made->second), devices));
+  return std::unique_ptr<DeviceModel>(
+      new CudaDeviceModel(std::move(made->gpt), std::move(made->name), std::move(made->id), devices));
 }
 
 Result<std::unique_ptr<Decoder>> make_decoder(const GptConfig& config, size_t slots,
@@ -192,8 +290,9 @@ Result<std::unique_ptr<Decoder>> make_decoder(const GptConfig& config, size_t sl
   auto made = make_gpt(policy, options, /*gradients=*/false, "device decoder",
                        "generate on the CPU (rollout.device = \"cpu\")", &devices);
   if (!made) return error(made.error());
-  if (Status s = made->first.make_cache(slots); !s.ok()) return error(s);
-  return std::unique_ptr<Decoder>(new CudaDecoder(std::move(made->first), std::move(made->second), slots));
+  if (Status s = made->gpt.make_cache(slots); !s.ok()) return error(s);
+  return std::unique_ptr<Decoder>(
+      new CudaDecoder(std::move(made->gpt), std::move(made->name), std::move(made->id), slots));
 }
 
 }  // namespace
