@@ -11,7 +11,9 @@
 //   (Decoder::set_weights), over PCIe both ways.
 //
 // The sync is share_params (a synchronize and the IPC handle) +
-// copy_into_standby + take_standby. Two shapes: the main job's model
+// copy_into_standby (which waits for its copy) + take_standby; across
+// processes (CUDA IPC) it is the same copy from a mapping, not measured
+// here. Two shapes: the main job's model
 // (0.4 MB: latency) and the 974 MiB one of the CPU weight-sync benchmark
 // (docs/rl.md: bandwidth).
 //
@@ -88,6 +90,7 @@ int main(int argc, char** argv) {
     if (!ok) return fail("the device copy failed");
     const double through_host = best_of(runs, [&] {
       ok = ok && (*trainer)->download_params(host->params()).ok() && (*decoder)->set_weights(*host).ok();
+      (void)cudaDeviceSynchronize();  // an upload may return before its copy ends
     });
     if (!ok) return fail("the host path failed");
     void *a = nullptr, *b = nullptr;

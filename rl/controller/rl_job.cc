@@ -493,7 +493,9 @@ class Job {
   size_t into_device_ = 0;
   // The last broadcast's root sent its device's parameters.
   bool from_device_ = false;
-  // A broadcast failed in a way no retry mends: reads from then on.
+  // Broadcasts that failed in a row in a way no retry mends; after 2,
+  // reads from then on.
+  size_t lasting_failures_ = 0;
   bool broadcast_off_ = false;
   // A device-to-device weight copy failed once (logged once).
   bool device_copy_noted_ = false;
@@ -1013,17 +1015,22 @@ Result<double> Job::broadcast_weights(uint64_t version) {
     if (!b->failed.empty() && missed.empty()) return engine_s;  // every engine has it; the root's side failed late
     if (!b->failed.empty()) why = b->failed;
   }
-  if (missed.empty()) return engine_s;
+  if (missed.empty()) {
+    lasting_failures_ = 0;
+    return engine_s;
+  }
   // One fault for the broadcast, whoever failed; an engine that cannot be
   // read into either is a fault of its own (read_sync).
   size_t read = 0;
   for (size_t e : missed) read += read_sync(e, why);
-  if (lasting) broadcast_off_ = true;
+  // Twice in a row: a communicator aborted once is not a refusal.
+  lasting_failures_ = lasting ? lasting_failures_ + 1 : 0;
+  if (lasting_failures_ >= 2) broadcast_off_ = true;
   fault("the weight broadcast of version " + std::to_string(version) + " failed: " + why,
         std::to_string(read) + " of " + std::to_string(missed.size()) +
             " engine(s) that missed it synced by one-sided reads; " +
-            (lasting ? "a failure no retry mends: the engines read the weights from now on"
-                     : "the weight-sync group is made again"),
+            (broadcast_off_ ? "twice a failure no retry mends: the engines read the weights from now on"
+                            : "the weight-sync group is made again"),
         seconds_since(start));
   return engine_s;
 }
@@ -1051,8 +1058,14 @@ Result<double> Job::read_weights(uint64_t version) {
     return error(s);
   }
   // The trainer's device parameters go with this sync only: it takes no
-  // step before every engine has answered.
-  const trainer::PublishedWeights now = pub ? *pub : *published_;
+  // step before every engine has answered, or the asks have timed out; an
+  // engine copies from them only well before that.
+  trainer::PublishedWeights now = pub ? *pub : *published_;
+  if (!now.device.device.empty()) {
+    now.device.valid_until_unix_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                                         (std::chrono::system_clock::now() + timeout_ / 2).time_since_epoch())
+                                         .count();
+  }
   std::vector<Future<rollout::SyncReport>> futures;
   for (size_t e = 0; e < meshes_.engines->size(); ++e) {
     futures.push_back(meshes_.engines->member(e).ask(rollout::SyncWeights{now}, timeout_));

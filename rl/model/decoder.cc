@@ -1,5 +1,9 @@
 #include "model/decoder.h"
 
+#include <unistd.h>
+
+#include <random>
+
 namespace troupe::rl::model {
 
 Status assign_positions(const GptConfig& config, std::span<const DecodeRow> rows, std::vector<size_t>& lengths,
@@ -27,6 +31,14 @@ Status assign_positions(const GptConfig& config, std::span<const DecodeRow> rows
   }
   lengths = std::move(next);
   return {};
+}
+
+uint64_t process_nonce() {
+  static const uint64_t nonce = [] {
+    std::random_device rd;
+    return (uint64_t{rd()} << 32) ^ rd() ^ static_cast<uint64_t>(::getpid());
+  }();
+  return nonce;
 }
 
 Result<float*> Decoder::standby_weights() {

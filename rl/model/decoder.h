@@ -40,7 +40,9 @@ struct SharedParams {
   /// The device: "cuda:" and its UUID, or "host" (the host kind: within
   /// its process only). Empty: nothing shared.
   std::string device;
-  /// The process that holds them, and their address there.
+  /// The process that holds them (process_nonce(): pids repeat across PID
+  /// namespaces; the pid is for messages), and their address there.
+  uint64_t process = 0;
   int64_t pid = 0;
   uint64_t address = 0;
   /// A cudaIpcMemHandle_t's bytes for the allocation that starts at
@@ -48,8 +50,14 @@ struct SharedParams {
   std::string ipc_handle;
   /// Floats there (the layout's total()).
   uint64_t floats = 0;
-  TROUPE_FIELDS(device, pid, address, ipc_handle, floats);
+  /// Until when (Unix time, ms) a copy may start: the model may change
+  /// after it. 0: not offered (a reader copies nothing).
+  int64_t valid_until_unix_ms = 0;
+  TROUPE_FIELDS(device, process, pid, address, ipc_handle, floats, valid_until_unix_ms);
 };
+
+/// A random number drawn once per process, for SharedParams::process.
+uint64_t process_nonce();
 
 /// Keys and values of every layer for `slots()` sequences of up to the
 /// context length, and the model that fills them.

@@ -62,8 +62,13 @@ class HostDeviceModel final : public DeviceModel {
   }
   Result<float*> device_params() override { return gpt_.params(); }
   Result<SharedParams> share_params() override {
-    return SharedParams{"host", static_cast<int64_t>(::getpid()), reinterpret_cast<uint64_t>(gpt_.params()), "",
-                        total()};
+    SharedParams out;
+    out.device = "host";
+    out.process = process_nonce();
+    out.pid = static_cast<int64_t>(::getpid());
+    out.address = reinterpret_cast<uint64_t>(gpt_.params());
+    out.floats = total();
+    return out;
   }
   Result<float*> device_grads() override { return gpt_.grads(); }
   Result<double> adamw_step(const AdamWConfig& config) override {
@@ -150,10 +155,11 @@ class HostDecoder final : public Decoder {
     std::swap(active_, standby_);
     (void)cache_.set_weights(*active_);
     have_weights_ = true;
+    standby_asked_ = false;  // it holds the old weights now: filled again before the next take
     return {};
   }
   Status copy_into_standby(const SharedParams& from) override {
-    if (from.device != "host" || from.pid != static_cast<int64_t>(::getpid())) {
+    if (from.device != "host" || from.process != process_nonce()) {
       return Status(ErrorCode::unsupported, "host decoder: parameters on " +
                                                 (from.device.empty() ? std::string("no device") : from.device) +
                                                 " in process " + std::to_string(from.pid) +

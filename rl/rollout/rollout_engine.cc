@@ -215,11 +215,21 @@ Deferred<SyncReport> RolloutEngine::handle(const SyncWeights& m) {
     return reply;
   }
   std::string device_copy_failed;
-  if (!m.weights.device.device.empty()) {
+  const model::SharedParams& from = m.weights.device;
+  const int64_t now_ms =
+      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+          .count();
+  if (!from.device.empty() && from.valid_until_unix_ms > 0 && now_ms > from.valid_until_unix_ms) {
+    // The sync came late (its ask timed out): the trainer may be training
+    // on them by now. The published buffer changes only at a publish.
+    device_copy_failed = "the trainer's device parameters were offered until " +
+                         std::to_string(from.valid_until_unix_ms) + " ms (Unix time), and it is " +
+                         std::to_string(now_ms) + " ms";
+  } else if (!from.device.empty() && from.valid_until_unix_ms > 0) {
     // The trainer's device parameters, on this decoder's device: copied
     // device to device into its standby. Anything else reads the buffer.
     const auto start = Clock::now();
-    Status s = decoder_->copy_into_standby(m.weights.device);
+    Status s = decoder_->copy_into_standby(from);
     if (s.ok()) {
       const uint32_t interrupted = static_cast<uint32_t>(live_.size());
       s = switch_weights(m.weights.version, /*in_decoder=*/true);

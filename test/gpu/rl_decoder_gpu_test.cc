@@ -110,6 +110,7 @@ TEST_CASE(
         *gpu,
         [](float* standby, const float* host, size_t n) {
           REQUIRE(cudaMemcpy(standby, host, n * sizeof(float), cudaMemcpyHostToDevice) == cudaSuccess);
+          REQUIRE(cudaDeviceSynchronize() == cudaSuccess);  // from pageable memory it may return before the copy
         },
         mode.tol, /*batch_invariant=*/false);
   }

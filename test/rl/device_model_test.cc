@@ -328,6 +328,7 @@ TEST_CASE(
   auto shared = trainer->share_params();
   REQUIRE(shared.has_value());
   CHECK(shared->device == "host");
+  CHECK(shared->process == model::process_nonce());
   CHECK(shared->floats == weights.layout().total());
 
   auto d = model::make_device_decoder(config, 2, {.kind = model::DeviceKind::host}).value();
@@ -341,7 +342,7 @@ TEST_CASE(
   // Another process's, another device's, another model's: refused, the
   // standby untouched.
   auto elsewhere = *shared;
-  elsewhere.pid += 1;
+  elsewhere.process += 1;  // another process (pids repeat across PID namespaces: not the test)
   Status s = d->copy_into_standby(elsewhere);
   CHECK(s.code() == ErrorCode::unsupported);
   CHECK_THAT(s.message(), Catch::Contains("out of reach"));

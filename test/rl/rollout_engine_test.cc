@@ -4,6 +4,7 @@
 // and new weights that arrive mid-generation are taken between decode steps
 // by the sequences in flight (partial rollouts), each sample saying which
 // versions made it.
+#include <chrono>
 #include <string>
 #include <vector>
 
@@ -136,4 +137,55 @@ TEST_CASE("rollout engine: bad prompts and weights of another model are refused"
   auto wrong = e.engine.ask(rollout::SyncWeights{pub}).get();
   REQUIRE_FALSE(wrong);
   CHECK_THAT(wrong.error().message(), Catch::Contains("parameters"));
+}
+
+TEST_CASE(
+    "rollout engine: the trainer's device parameters in its process go into the decoder's standby while "
+    "offered, and the published buffer is read once the offer has passed or without one",
+    "[rl][rollout][weight_sync]") {
+  const std::string devices =
+      "[run]\nseed = 5\n[model]\ninit = \"random\"\n[trainer]\ndevice = \"host\"\n"
+      "[rollout]\ndevice = \"host\"\n";
+  Engine e(devices);
+  const uint64_t trainer_sum = e.trainer.ask(trainer::GetTrainerInfo{}).get().value().checksum;
+  auto unix_ms = [](std::chrono::milliseconds from_now) {
+    return std::chrono::duration_cast<std::chrono::milliseconds>(
+               (std::chrono::system_clock::now() + from_now).time_since_epoch())
+        .count();
+  };
+  auto sync = [&](trainer::PublishedWeights w) {
+    auto r = e.engine.ask(rollout::SyncWeights{std::move(w)}).get();
+    INFO((r ? std::string("ok") : r.error().to_string()));
+    REQUIRE(r.has_value());
+    CHECK(e.engine.ask(rollout::GetEngineReport{}).get().value().checksum == trainer_sum);
+    return *r;
+  };
+  // Offered for a minute: copied.
+  auto offered = e.publish(1);
+  REQUIRE(offered.device.device == "host");
+  offered.device.valid_until_unix_ms = unix_ms(std::chrono::seconds(60));
+  auto r = sync(offered);
+  CHECK(r.into_device);
+  CHECK(r.device_copy_failed.empty());
+  // Not offered (as the driver keeps it for restarted engines): read.
+  auto kept = e.publish(2);
+  r = sync(kept);
+  CHECK_FALSE(r.into_device);
+  CHECK(r.device_copy_failed.empty());
+  // The offer passed (the sync came after its ask timed out): read, and said.
+  auto late = e.publish(3);
+  late.device.valid_until_unix_ms = unix_ms(-std::chrono::seconds(1));
+  r = sync(late);
+  CHECK_FALSE(r.into_device);
+  CHECK_THAT(r.device_copy_failed, Catch::Contains("offered until"));
+  CHECK(r.version == 3);
+
+  // An engine decoding on the CPU reads, and nothing is said.
+  Engine cpu("[run]\nseed = 5\n[model]\ninit = \"random\"\n[trainer]\ndevice = \"host\"\n");
+  auto w = cpu.publish(1);
+  REQUIRE(w.device.device == "host");
+  w.device.valid_until_unix_ms = unix_ms(std::chrono::seconds(60));
+  auto on_cpu = cpu.engine.ask(rollout::SyncWeights{w}).get().value();
+  CHECK_FALSE(on_cpu.into_device);
+  CHECK(on_cpu.device_copy_failed.empty());
 }

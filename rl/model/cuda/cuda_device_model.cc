@@ -61,7 +61,12 @@ class CudaDeviceModel final : public DeviceModel {
   Result<SharedParams> share_params() override {
     auto p = device_params();
     if (!p) return error(p.error());
-    SharedParams out{id_, static_cast<int64_t>(::getpid()), reinterpret_cast<uint64_t>(*p), "", gpt_.layout().total()};
+    SharedParams out;
+    out.device = id_;
+    out.process = process_nonce();
+    out.pid = static_cast<int64_t>(::getpid());
+    out.address = reinterpret_cast<uint64_t>(*p);
+    out.floats = gpt_.layout().total();
     // The parameters are an allocation of their own: the handle's offset
     // is 0. Without one (a platform without IPC) only this process reaches
     // them.
@@ -132,6 +137,7 @@ class CudaDecoder final : public Decoder {
     }
     if (Status s = gpt_.swap_standby(); !s.ok()) return s;
     have_weights_ = true;
+    standby_asked_ = false;  // it holds the old weights now: filled again before the next take
     return {};
   }
   Status copy_into_standby(const SharedParams& from) override {
@@ -145,10 +151,10 @@ class CudaDecoder final : public Decoder {
       return Status(ErrorCode::invalid_argument, "cuda decoder: " + std::to_string(from.floats) +
                                                      " parameters shared, this model has " + std::to_string(total));
     }
-    auto standby = standby_weights();
-    if (!standby) return standby.error();
     const void* src = reinterpret_cast<const void*>(from.address);
-    if (from.pid != static_cast<int64_t>(::getpid())) {
+    if (from.process == process_nonce()) {
+      close_peer();  // a mapping kept for another process's parameters is not wanted now
+    } else {
       if (from.ipc_handle.size() != sizeof(cudaIpcMemHandle_t)) {
         return Status(ErrorCode::unsupported,
                       "cuda decoder: the parameters of process " + std::to_string(from.pid) +
@@ -161,7 +167,7 @@ class CudaDecoder final : public Decoder {
         void* mapped = nullptr;
         if (cudaError_t e = cudaIpcOpenMemHandle(&mapped, handle, cudaIpcMemLazyEnablePeerAccess); e != cudaSuccess) {
           (void)cudaGetLastError();
-          return Status(ErrorCode::unsupported,
+          return Status(ErrorCode::handler_failed,
                         "cuda decoder: opening the CUDA IPC handle of process " + std::to_string(from.pid) +
                             "'s parameters failed: " + cudaGetErrorString(e) + "; read them another way");
         }
@@ -170,14 +176,12 @@ class CudaDecoder final : public Decoder {
       }
       src = peer_;
     }
-    // Synchronous: done (and the source free to change) when it returns.
-    if (cudaError_t e = cudaMemcpy(*standby, src, total * sizeof(float), cudaMemcpyDeviceToDevice); e != cudaSuccess) {
-      (void)cudaGetLastError();
+    // Done (and the source free to change) when it returns.
+    if (Status s = gpt_.fill_standby(static_cast<const float*>(src)); !s.ok()) {
       close_peer();  // a handle of a process gone, perhaps: open it anew next time
-      return Status(ErrorCode::handler_failed,
-                    std::string("cuda decoder: copying the parameters into the standby failed: ") +
-                        cudaGetErrorString(e) + "; read them another way");
+      return Status(s.code(), "cuda decoder: " + s.message() + "; read them another way");
     }
+    standby_asked_ = true;
     return {};
   }
   Status read_weights(float* host) override {

@@ -947,6 +947,17 @@ Result<float*> GptCuda::standby_params() {
   return m.standby.get();
 }
 
+Status GptCuda::fill_standby(const float* device_src) {
+  Impl& m = *impl_;
+  auto dst = standby_params();
+  if (!dst) return dst.error();
+  // On the model's stream (non-blocking: a cudaMemcpy on the legacy
+  // stream would not be ordered with it, nor waited for, device to device).
+  GPT_CUDA_TRY(check(cudaMemcpyAsync(*dst, device_src, m.total() * sizeof(float), cudaMemcpyDeviceToDevice, m.stream),
+                     "copying parameters into the standby"));
+  return synchronize();
+}
+
 Status GptCuda::swap_standby() {
   Impl& m = *impl_;
   if (m.standby.get() == nullptr) return invalid("swap_standby: no standby; call standby_params() and fill it first");

@@ -169,6 +169,12 @@ class GptCuda {
   /// finished when this returns. Errors: allocating it, a fault in that
   /// work.
   Result<float*> standby_params();
+  /// Copies layout().total() floats from `device_src` (device memory this
+  /// device can read: its own, or another process's mapped by CUDA IPC)
+  /// into the standby, on the model's stream, and waits for the copy: the
+  /// standby is filled, and the source free to change, when this returns.
+  /// Errors: allocating the standby, the copy's.
+  Status fill_standby(const float* device_src);
   /// Runs the standby's parameters from now on (bf16 products round them
   /// anew); the old ones become the standby. The standby's writer must be
   /// done. Errors: no standby_params() before it.
