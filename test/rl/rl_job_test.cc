@@ -828,12 +828,15 @@ TEST_CASE("rl job: ZeRO-1 without shard_backup: kill -9 of a trainer rank goes b
 
 TEST_CASE("rl job: kill -9 of a rollout engine and of trainer ranks mid-run: the run finishes and learns",
           "[rl][job][learning]") {
-  // On the CPU model, and on the device path's code (trainer.device "host":
-  // a rank's state resident in its device model, copied in from a survivor);
-  // and with the weights broadcast (the group broken by each kill, the
-  // engines synced by reads then, the group made again).
-  const auto [device, sync] = GENERATE(table<std::string, std::string>(
-      {{"", ""}, {"\ndevice = \"host\"", ""}, {"", "\nweight_sync = \"broadcast\""}}));
+  // On the CPU model; with the weights broadcast (the group broken by each
+  // kill, the engines synced by reads then, the group made again); and on
+  // the device paths' code (the host kind: a rank's state resident in its
+  // device model, copied in from a survivor; the broadcast from rank 0's
+  // device parameters into the engines' decoders).
+  const auto [device, sync] = GENERATE(
+      table<std::string, std::string>({{"", ""},
+                                       {"", "\nweight_sync = \"broadcast\""},
+                                       {"\ndevice = \"host\"", "\nweight_sync = \"broadcast\"\ndevice = \"host\""}}));
   INFO("trainer" << device << ", rollout" << sync);
   TempDir dir;
   auto s = session();
@@ -893,6 +896,13 @@ TEST_CASE("rl job: kill -9 of a rollout engine and of trainer ranks mid-run: the
     size_t made = 0;
     for (const auto& g : events(dir.path / "metrics.jsonl", "weight_sync_group")) made += g["made"] == true;
     CHECK(made >= 3);
+  }
+  if (!device.empty()) {
+    // Into both decoders at every step but those whose broadcast a kill
+    // broke (then by reads).
+    size_t into_both = 0;
+    for (const auto& st : events(dir.path / "metrics.jsonl", "step")) into_both += st["synced_into_device"] == 2;
+    CHECK(into_both >= 90);
   }
   // The replicas agree after the recovery, and every step was trained once.
   REQUIRE(checksums_after.size() == 2);
