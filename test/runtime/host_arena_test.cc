@@ -480,7 +480,7 @@ TEST_CASE("host arena: ranks in separate processes read each other's buffers in 
           "[collectives][arena][in_place]") {
   // 4 processes (forked), each maps the arena and the others' buffers: a
   // fresh buffer per collective, so every rank's mappings of its peers'
-  // buffers turn over past kPeerBuffersKept. The exit status is the number
+  // buffers turn over, each freed one unmapped once its rank offers the next. The exit status is the number
   // of wrong elements (capped), 255 for an error.
   const uint32_t n = 4;
   HostArena made = HostArena::create(n, 256 << 10).value();
@@ -504,10 +504,17 @@ TEST_CASE("host arena: ranks in separate processes read each other's buffers in 
           wrong += *done;
         }
       }
-      // Peers' buffers were read in place, mapped here, and the mappings
-      // kept are bounded: at most kPeerBuffersKept of each peer.
+      // Peers' buffers were read in place and mapped here; a peer's freed
+      // buffers were unmapped once it offered a new one (it frees each
+      // before its next collective): one mapping per peer is left.
       if (me.in_place_calls == 0 || me.peer_buffers.empty()) ::_exit(253);
-      if (me.peer_buffers.size() > kPeerBuffersKept * (n - 1)) ::_exit(254);
+      if (me.peer_buffers.size() > n - 1) ::_exit(254);
+      for (const PeerBuffer& b : me.peer_buffers) {
+        if (std::count_if(me.peer_buffers.begin(), me.peer_buffers.end(),
+                          [&](const PeerBuffer& o) { return o.rank == b.rank; }) != 1) {
+          ::_exit(254);
+        }
+      }
       // The second placement (every buffer in place) wrote results straight
       // into the others' buffers, through these mappings.
       if (me.direct_calls == 0) ::_exit(252);

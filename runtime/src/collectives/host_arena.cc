@@ -324,6 +324,10 @@ Result<std::byte*> HostArena::peer_data(ArenaRank& me, uint32_t q, const BufferA
       return bad(segment.error().message());
     }
     auto of_q = [&](const PeerBuffer& b) { return b.rank == q; };
+    // A new buffer of q: the ones it has freed since (its collectives that
+    // read them are over) are unmapped, so that their memory goes now
+    // rather than when newer ones push them out.
+    std::erase_if(kept, [&](const PeerBuffer& b) { return of_q(b) && !b.segment.still_offered(); });
     if (static_cast<size_t>(std::count_if(kept.begin(), kept.end(), of_q)) >= kPeerBuffersKept) {
       kept.erase(std::find_if(kept.begin(), kept.end(), of_q));  // its least recently used
     }

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/random.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -43,7 +44,9 @@ SlotSegment::SlotSegment(SlotSegment&& o) noexcept
     : fd_(std::exchange(o.fd_, -1)),
       base_(std::exchange(o.base_, nullptr)),
       map_bytes_(std::exchange(o.map_bytes_, 0)),
-      offer_(o.offer_) {}
+      offer_(o.offer_),
+      dev_(o.dev_),
+      inode_(o.inode_) {}
 
 SlotSegment& SlotSegment::operator=(SlotSegment&& o) noexcept {
   if (this != &o) {
@@ -52,6 +55,8 @@ SlotSegment& SlotSegment::operator=(SlotSegment&& o) noexcept {
     base_ = std::exchange(o.base_, nullptr);
     map_bytes_ = std::exchange(o.map_bytes_, 0);
     offer_ = o.offer_;
+    dev_ = o.dev_;
+    inode_ = o.inode_;
   }
   return *this;
 }
@@ -114,6 +119,14 @@ Result<SlotSegment> SlotSegment::open(const SlotsOffer& offer) {
     ::close(fd);
     return error(ErrorCode::unsupported, "collectives: " + path + " is not the segment offered");
   }
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    const std::string why = errno_text();
+    ::close(fd);
+    return error(ErrorCode::unsupported, "collectives: " + path + ": fstat: " + why);
+  }
+  s.dev_ = st.st_dev;
+  s.inode_ = st.st_ino;
   void* p = ::mmap(nullptr, s.map_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   ::close(fd);  // the mapping keeps the memory
   if (p == MAP_FAILED) return error(ErrorCode::unsupported, "collectives: mapping " + path + ": " + errno_text());
@@ -125,6 +138,12 @@ Result<SlotSegment> SlotSegment::open(const SlotsOffer& offer) {
   }
   s.offer_ = offer;
   return s;
+}
+
+bool SlotSegment::still_offered() const {
+  struct stat st {};
+  const std::string path = "/proc/" + std::to_string(offer_.pid) + "/fd/" + std::to_string(offer_.fd);
+  return ::stat(path.c_str(), &st) == 0 && st.st_dev == dev_ && st.st_ino == inode_;
 }
 
 std::byte* SlotSegment::slot(uint32_t index) const {

@@ -68,6 +68,11 @@ class SlotSegment {
   std::byte* slot(uint32_t index) const;
   /// True for a mapped segment.
   explicit operator bool() const { return base_ != nullptr; }
+  /// The sender's side: whether its offerer still holds the segment (its
+  /// /proc/<pid>/fd/<fd> is the memfd this maps). False once the offerer
+  /// closed it (freed the buffer; the fd number may hold another file by
+  /// now) or is gone: this mapping is then all that keeps the memory.
+  bool still_offered() const;
 
  private:
   void release();
@@ -76,6 +81,8 @@ class SlotSegment {
   std::byte* base_ = nullptr;
   size_t map_bytes_ = 0;
   SlotsOffer offer_;
+  // The sender's side: the memfd's identity when it was opened.
+  uint64_t dev_ = 0, inode_ = 0;
 };
 
 }  // namespace troupe::collectives
