@@ -986,7 +986,10 @@ Result<double> Job::broadcast_weights(uint64_t version) {
   from_device_ = false;
   // A failure that no retry mends (NCCL refusing two ranks on one GPU, a
   // device that cannot hold the standby) rather than a lost member or a
-  // deadline.
+  // deadline, on an engine or the root.
+  auto mends_not = [](ErrorCode code) {
+    return code == ErrorCode::invalid_argument || code == ErrorCode::unsupported || code == ErrorCode::start_failed;
+  };
   bool lasting = false;
   while (auto reply = engines.next()) {
     if (reply->second) {
@@ -995,8 +998,7 @@ Result<double> Job::broadcast_weights(uint64_t version) {
       continue;
     }
     release();
-    const ErrorCode code = reply->second.error().code();
-    lasting |= code == ErrorCode::invalid_argument || code == ErrorCode::unsupported || code == ErrorCode::start_failed;
+    lasting |= mends_not(reply->second.error().code());
     if (why.empty()) why = reply->second.error().message();
     missed.push_back(reply->first);
   }
@@ -1012,6 +1014,7 @@ Result<double> Job::broadcast_weights(uint64_t version) {
   } else {
     keep_published(b->published);
     from_device_ = b->from_device;
+    if (!b->failed.empty()) lasting |= mends_not(static_cast<ErrorCode>(b->failed_code));
     if (!b->failed.empty() && missed.empty()) return engine_s;  // every engine has it; the root's side failed late
     if (!b->failed.empty()) why = b->failed;
   }

@@ -352,6 +352,7 @@ Deferred<WeightsBroadcast> TrainerRank::handle(const BroadcastWeights& m) {
   out.published = handle(PublishWeights{m.version});
   if (!sync_group_ || sync_group_->id != m.group) {
     out.failed = "trainer: not in weight-sync group " + m.group + " (it restarted since the group was made?)";
+    out.failed_code = static_cast<int32_t>(ErrorCode::not_found);
     reply.complete(std::move(out));
     return reply;
   }
@@ -368,6 +369,7 @@ Deferred<WeightsBroadcast> TrainerRank::handle(const BroadcastWeights& m) {
     auto on_device = trainer_->device_params();
     if (!on_device) {
       out.failed = "trainer rank 0: the device's parameters: " + on_device.error().message();
+      out.failed_code = static_cast<int32_t>(on_device.error().code());
       reply.complete(std::move(out));
       return reply;
     }
@@ -379,7 +381,10 @@ Deferred<WeightsBroadcast> TrainerRank::handle(const BroadcastWeights& m) {
   ask<void>(sync_group_->engine(self()), c, std::chrono::milliseconds(sync_group_->timeout_ms) + std::chrono::seconds(5))
       .then([reply, out, start](Result<void> r) mutable {
         out.seconds = seconds_since(start);
-        if (!r) out.failed = "trainer rank 0: weight broadcast failed: " + r.error().message();
+        if (!r) {
+          out.failed = "trainer rank 0: weight broadcast failed: " + r.error().message();
+          out.failed_code = static_cast<int32_t>(r.error().code());
+        }
         reply.complete(std::move(out));
       });
   return reply;

@@ -186,7 +186,9 @@ struct WeightsBroadcast {
   /// It sent the device's parameters (config::device_weight_broadcast),
   /// not the published host copy.
   bool from_device = false;
-  TROUPE_FIELDS(published, failed, seconds, from_device);
+  /// The ErrorCode of `failed` (as an integer), when it failed.
+  int32_t failed_code = 0;
+  TROUPE_FIELDS(published, failed, seconds, from_device, failed_code);
 };
 
 /// Ends the warm-up: the current weights become the reference policy of
