@@ -21,9 +21,10 @@
 #include <unordered_map>
 #include <vector>
 
+#include "free_later.h"
 #include "log.h"
-#include "receive_pool.h"
 #include "progress_gate.h"
+#include "receive_pool.h"
 #include "transport.h"
 
 namespace troupe::transport {
@@ -304,6 +305,12 @@ class TcpTransport final : public Transport {
       p.offset += static_cast<size_t>(w);
       if (p.offset == p.total()) {
         c.queued_bytes -= p.total();
+        if (p.total() >= detail::kFreeLaterMinBytes) {
+          // Freed off this thread, which reads every connection (see
+          // free_later.h).
+          auto sent = std::make_shared<OutFrame>(std::move(p.frame));
+          detail::free_later([sent]() mutable { sent.reset(); });
+        }
         c.out.pop_front();
       }
     }

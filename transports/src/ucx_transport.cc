@@ -27,9 +27,10 @@
 #include <vector>
 
 #include "bulk_copy.h"
+#include "free_later.h"
 #include "log.h"
-#include "receive_pool.h"
 #include "progress_gate.h"
+#include "receive_pool.h"
 #include "transport.h"
 
 namespace troupe::transport {
@@ -39,6 +40,11 @@ namespace {
 // How long a transport that stops waits for rendezvous receives on
 // connections it closed to end (see Ep::receiving).
 constexpr std::chrono::milliseconds kReceiveDrain{2000};
+/// A rendezvous frame received whole keeps its peer's allowance until it is
+/// handed up, and at least this long (microseconds) from then: the hand-up
+/// comes after the progress call that ended the receive, normally within
+/// microseconds.
+constexpr int64_t kHandUpAllowance_us = 1'000'000;
 
 int64_t steady_now_us() {
   return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now().time_since_epoch())
@@ -107,8 +113,12 @@ struct Ep : std::enable_shared_from_this<Ep> {
   /// which run under UCX's lock, must not take `mu` (senders hold it across
   /// UCX calls).
   std::atomic<int> receiving{0};
-  /// While `receiving`: until when the peer may be silent (see
-  /// Transport::arriving_until_us), in steady-clock microseconds.
+  /// Rendezvous frames received whole and not yet handed up (on_frame):
+  /// the receive has ended, but the layer above has not seen the frame, so
+  /// the time until it does is no silence of the peer's.
+  std::atomic<int> handing_up{0};
+  /// While `receiving` or `handing_up`: until when the peer may be silent
+  /// (see Transport::arriving_until_us), in steady-clock microseconds.
   std::atomic<int64_t> arriving_until_us{0};
   std::atomic<bool> close_later{false};
   bool close_later_force = false;  // under mu
@@ -196,11 +206,47 @@ bool tls_may_use(std::initializer_list<std::string_view> aliases, std::initializ
 }
 
 /// A frame of a connection, in arrival order; rendezvous ones fill later.
+/// A rendezvous frame's count in its connection's Ep::handing_up, given
+/// back when this goes (once the frame was handed up, or dropped).
+class HandUp {
+ public:
+  HandUp() = default;
+  explicit HandUp(std::shared_ptr<Ep> ep) : ep_(std::move(ep)) {
+    if (ep_) ep_->handing_up.fetch_add(1);
+  }
+  HandUp(HandUp&& o) noexcept = default;
+  HandUp& operator=(HandUp&& o) noexcept {
+    if (this != &o) {
+      reset();
+      ep_ = std::move(o.ep_);
+    }
+    return *this;
+  }
+  HandUp(const HandUp&) = delete;
+  HandUp& operator=(const HandUp&) = delete;
+  ~HandUp() { reset(); }
+  void reset() {
+    if (ep_) ep_->handing_up.fetch_sub(1);
+    ep_.reset();
+  }
+
+ private:
+  std::shared_ptr<Ep> ep_;
+};
+
 struct Arrival {
   bool ready = false;
   bool failed = false;
   std::string data;
   bool batch = false;  // a kBatchAm message (several frames)
+  HandUp hand_up;      // a rendezvous frame received whole
+};
+
+/// A received frame waiting to be handed up after ucp_worker_progress.
+struct DeferredFrame {
+  PeerId peer;
+  InFrame frame;
+  HandUp hand_up;
 };
 
 struct RecvRequest {
@@ -284,7 +330,7 @@ class UcxTransport final : public Transport {
 
   int64_t arriving_until_us(PeerId peer) override {
     auto ep = find(peer);
-    return ep && ep->receiving.load() > 0 ? ep->arriving_until_us.load() : 0;
+    return ep && (ep->receiving.load() > 0 || ep->handing_up.load() > 0) ? ep->arriving_until_us.load() : 0;
   }
 
   Result<std::string> listen(const Endpoint& at) override {
@@ -448,7 +494,13 @@ class UcxTransport final : public Transport {
       // Inside progress, under UCX's lock: the connection's books (its
       // mutex) are settled after progress returns.
       if (req->conn) req->self->deferred_sent_.emplace_back(std::move(req->conn), req->bytes());
-      delete req;
+      // A large frame's buffers are freed off this thread: unmapping them
+      // could hold every connection's progress (see free_later.h).
+      if (req->bytes() >= detail::kFreeLaterMinBytes) {
+        detail::delete_later(req);
+      } else {
+        delete req;
+      }
       ucp_request_free(request);
     };
     p.user_data = req;
@@ -836,8 +888,9 @@ class UcxTransport final : public Transport {
       for (auto& t : tags) set_remote_tag(t.peer, t.tag, t.answer);
       auto frames = std::move(deferred_frames_);
       deferred_frames_.clear();
-      for (auto& [peer, frame] : frames) {
-        if (events_.on_frame) events_.on_frame(peer, std::move(frame));
+      for (auto& f : frames) {
+        if (events_.on_frame) events_.on_frame(f.peer, std::move(f.frame));
+        f.hand_up.reset();  // seen by the layer above: no more allowance for it
       }
       auto activity = std::move(deferred_activity_);
       deferred_activity_.clear();
@@ -1052,7 +1105,7 @@ class UcxTransport final : public Transport {
     PeerId peer = peer_of_tag(tag);
     if (peer == 0) return;
     if (auto it = arrivals_.find(peer); it != arrivals_.end()) {
-      it->second.push_back(std::make_shared<Arrival>(Arrival{true, false, std::move(data), batch}));
+      it->second.push_back(std::make_shared<Arrival>(Arrival{true, false, std::move(data), batch, {}}));
       // Held back behind a rendezvous, but a sign of life all the same (a
       // large transfer may take longer than the peer-death bound).
       if (events_.on_activity) deferred_activity_.push_back(peer);
@@ -1099,7 +1152,8 @@ class UcxTransport final : public Transport {
       std::shared_ptr<Arrival> a = std::move(queue.front());
       queue.pop_front();
       if (a->failed) continue;
-      a->batch ? unpack_batch(peer, std::move(a->data)) : unpack(peer, std::move(a->data));
+      a->batch ? unpack_batch(peer, std::move(a->data))
+               : unpack(peer, std::move(a->data), /*tag_checked=*/false, std::move(a->hand_up));
     }
     if (queue.empty()) arrivals_.erase(it);
   }
@@ -1132,7 +1186,7 @@ class UcxTransport final : public Transport {
   /// bounds, and hands the frame up. A frame whose tag is not its
   /// connection's is dropped (the sender is not who it claims); bad frames
   /// close their connection.
-  void unpack(PeerId peer, std::string data, bool tag_checked = false) {
+  void unpack(PeerId peer, std::string data, bool tag_checked = false, HandUp hand_up = {}) {
     uint64_t tag = 0, header_bytes = 0;
     std::memcpy(&tag, data.data() + data.size() - 8, 8);
     std::memcpy(&header_bytes, data.data() + data.size() - 16, 8);
@@ -1154,7 +1208,7 @@ class UcxTransport final : public Transport {
     auto msg = decode_header(peer, std::string_view(data.data() + payload_bytes, header_bytes));
     if (!msg) return;
     data.resize(payload_bytes);
-    deferred_frames_.emplace_back(peer, InFrame{std::move(*msg), std::move(data)});
+    deferred_frames_.push_back(DeferredFrame{peer, InFrame{std::move(*msg), std::move(data)}, std::move(hand_up)});
   }
 
   /// Decodes a frame header; a bad one closes the peer (nullopt).
@@ -1175,7 +1229,7 @@ class UcxTransport final : public Transport {
     if (!msg) return false;
     // Handed up after ucp_worker_progress returns: the layer above takes
     // its own locks and sends, which must not happen under UCX's lock.
-    deferred_frames_.emplace_back(peer, InFrame{std::move(*msg), std::move(payload)});
+    deferred_frames_.push_back(DeferredFrame{peer, InFrame{std::move(*msg), std::move(payload)}, {}});
     return true;
   }
 
@@ -1185,6 +1239,17 @@ class UcxTransport final : public Transport {
       r->arrival->failed = true;
     }
     r->arrival->ready = true;
+    if (status == UCS_OK) {
+      // Until the frame is handed up (after this progress call returns),
+      // the peer keeps its allowance, at least kHandUpAllowance from now:
+      // its heartbeats were behind this frame, and the layer above has not
+      // seen it yet.
+      r->arrival->hand_up = HandUp(r->ep);
+      const int64_t until = steady_now_us() + kHandUpAllowance_us;
+      int64_t seen = r->ep->arriving_until_us.load();
+      while (seen < until && !r->ep->arriving_until_us.compare_exchange_weak(seen, until)) {
+      }
+    }
     // Closed while this receive ran: the close UCX could not take then
     // (settled after progress returns, under the connection's mutex).
     if (r->ep->receiving.fetch_sub(1) == 1 && r->ep->close_later.load()) deferred_closes_.push_back(r->ep);
@@ -1263,7 +1328,7 @@ class UcxTransport final : public Transport {
     bool answer;
   };
   std::vector<TagUpdate> deferred_tags_;
-  std::vector<std::pair<PeerId, InFrame>> deferred_frames_;
+  std::vector<DeferredFrame> deferred_frames_;
   std::vector<PeerId> deferred_connected_;
   std::vector<std::pair<RmaDone, Status>> deferred_rma_;
   std::vector<PeerId> deferred_activity_;
