@@ -1,8 +1,11 @@
 #include "free_later.h"
 
+#include <pthread.h>
+
 #include <condition_variable>
 #include <deque>
 #include <mutex>
+#include <new>
 #include <system_error>
 #include <thread>
 
@@ -37,8 +40,30 @@ struct Freer {
   }
 };
 
+Freer& freer();
+
+// A child forked without exec has no freeing thread: it starts its own on
+// first use (and frees what the parent had queued: its own copies). The
+// lock is held across the fork, so that no thread of the parent's holds it
+// in the child; the condition variables are made anew there, for the
+// parent's thread was waiting on one, and a child's waiter could lose its
+// wake-up to that ghost.
+void before_fork() { freer().mu.lock(); }
+void after_fork_parent() { freer().mu.unlock(); }
+void after_fork_child() {
+  Freer& f = freer();
+  new (&f.cv) std::condition_variable();
+  new (&f.done_cv) std::condition_variable();
+  f.started = false;
+  f.mu.unlock();
+}
+
 Freer& freer() {
-  static Freer* f = new Freer;  // never destroyed: its thread outlives static destruction
+  static Freer* f = [] {
+    auto* made = new Freer;  // never destroyed: its thread outlives static destruction
+    ::pthread_atfork(before_fork, after_fork_parent, after_fork_child);
+    return made;
+  }();
   return *f;
 }
 

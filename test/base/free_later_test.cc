@@ -1,7 +1,11 @@
 // free_later (base/src/free_later.h): what a transport's progress thread
 // hands over is destroyed on another thread, in order, and when the
 // freeing thread is behind by a full queue the caller frees inline rather
-// than queueing without bound.
+// than queueing without bound; a child forked without exec gets a freeing
+// thread of its own.
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <condition_variable>
 #include <mutex>
 #include <thread>
@@ -58,4 +62,32 @@ TEST_CASE("free_later: objects are destroyed on another thread in the order give
     CHECK(order[static_cast<size_t>(i) + 1] == i);
     CHECK(where[static_cast<size_t>(i) + 1] != me);
   }
+}
+
+TEST_CASE("free_later: a child forked without exec frees on a thread of its own", "[base]") {
+  free_later([] {});  // the parent's freeing thread runs, and waits on its queue
+  wait_freed();
+  pid_t pid = ::fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    // With no thread of its own here they would wait forever: the alarm
+    // ends the child then (killed by a signal, not an exit).
+    ::alarm(20);
+    const std::thread::id me = std::this_thread::get_id();
+    std::mutex mu;
+    int elsewhere = 0;
+    for (int i = 0; i < 10; ++i) {
+      free_later([&] {
+        std::lock_guard<std::mutex> l(mu);
+        elsewhere += std::this_thread::get_id() != me;
+      });
+    }
+    wait_freed();
+    std::lock_guard<std::mutex> l(mu);
+    ::_exit(elsewhere == 10 ? 0 : 1);
+  }
+  int status = 0;
+  REQUIRE(::waitpid(pid, &status, 0) == pid);
+  REQUIRE(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
 }
