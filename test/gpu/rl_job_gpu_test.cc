@@ -226,7 +226,7 @@ TEST_CASE("gpu job: the main example with its trainer rank and rollout engine on
 
 TEST_CASE(
     "gpu job: a weight broadcast goes by NCCL from the trainer's GPU into the engine's decoder on two GPUs, or "
-    "on one GPU the job reads the weights from the first refusal on, and learns either way",
+    "on one GPU the engine copies them by CUDA IPC once NCCL has refused twice, and learns either way",
     "[gpu][rl][job][nccl]") {
   // One GPU: the trainer rank and the engine share it (half each), and
   // NCCL refuses two ranks on one device.
